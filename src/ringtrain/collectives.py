@@ -1,0 +1,305 @@
+"""Horovod-style collectives on ``torch.distributed``.
+
+Every function takes an optional ``name``: a label that appears in errors and in the
+timeline, so a failure says which tensor was being exchanged. Reductions take a
+:class:`ReduceOp` (``Average``, ``Sum``, ``Min``, ``Max``) and an ``algorithm``:
+``"native"`` (the backend's own allreduce) or one registered by :mod:`ringtrain.sync`
+(``"ring"``, ``"ps"``).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+import torch
+import torch.distributed as dist
+
+from ringtrain import runtime
+from ringtrain.errors import CollectiveError, ConfigError
+
+__all__ = [
+    "ReduceOp",
+    "Average",
+    "Sum",
+    "Min",
+    "Max",
+    "Handle",
+    "AllreduceAlgorithm",
+    "register_algorithm",
+    "algorithms",
+    "barrier",
+    "allreduce",
+    "allreduce_",
+    "allreduce_async",
+    "allreduce_async_",
+    "synchronize",
+    "allgather",
+    "broadcast",
+    "broadcast_",
+    "alltoall",
+    "reducescatter",
+    "broadcast_object",
+    "allgather_object",
+]
+
+
+class ReduceOp(enum.Enum):
+    AVERAGE = "average"
+    SUM = "sum"
+    MIN = "min"
+    MAX = "max"
+
+
+Average = ReduceOp.AVERAGE
+Sum = ReduceOp.SUM
+Min = ReduceOp.MIN
+Max = ReduceOp.MAX
+
+_TORCH_OPS = {
+    ReduceOp.AVERAGE: dist.ReduceOp.SUM,  # summed, then divided (works for every dtype/backend)
+    ReduceOp.SUM: dist.ReduceOp.SUM,
+    ReduceOp.MIN: dist.ReduceOp.MIN,
+    ReduceOp.MAX: dist.ReduceOp.MAX,
+}
+
+
+def torch_op(op: ReduceOp) -> dist.ReduceOp:
+    """The ``torch.distributed`` op that implements ``op`` (Average sums; divide after)."""
+    if not isinstance(op, ReduceOp):
+        raise ConfigError(f"op must be rt.Average, rt.Sum, rt.Min or rt.Max, got {op!r}")
+    return _TORCH_OPS[op]
+
+
+def finish_average(tensor: torch.Tensor, op: ReduceOp, world_size: int) -> None:
+    """Turn a sum into an average in place (integer tensors use floor division, as Horovod)."""
+    if op is ReduceOp.AVERAGE and world_size > 1:
+        if tensor.is_floating_point() or tensor.is_complex():
+            tensor.div_(world_size)
+        else:
+            tensor.floor_divide_(world_size)
+
+
+class Handle:
+    """An exchange in flight; :meth:`wait` (or :func:`synchronize`) returns its result."""
+
+    def __init__(self, tensor: torch.Tensor, wait_fn: Callable[[], None], name: str | None) -> None:
+        self.tensor = tensor
+        self.name = name
+        self._wait_fn: Callable[[], None] | None = wait_fn
+
+    def done(self) -> bool:
+        return self._wait_fn is None
+
+    def wait(self) -> torch.Tensor:
+        if self._wait_fn is not None:
+            fn, self._wait_fn = self._wait_fn, None
+            fn()
+        return self.tensor
+
+
+class AllreduceAlgorithm(Protocol):
+    """An in-place allreduce that may return before it finishes."""
+
+    def __call__(self, tensor: torch.Tensor, op: ReduceOp, name: str | None) -> Handle: ...
+
+
+def _describe(name: str | None, tensor: torch.Tensor | None = None) -> str:
+    if name:
+        return repr(name)
+    if tensor is not None:
+        return f"tensor of shape {tuple(tensor.shape)} and dtype {tensor.dtype}"
+    return "an unnamed tensor"
+
+
+def _fail(what: str, name: str | None, tensor: torch.Tensor | None, exc: Exception) -> CollectiveError:
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return CollectiveError(
+        f"{what} of {_describe(name, tensor)} failed on rank {runtime.rank()}: {first}"
+    )
+
+
+def _native_allreduce(tensor: torch.Tensor, op: ReduceOp, name: str | None) -> Handle:
+    n = runtime.size()
+    try:
+        work = dist.all_reduce(tensor, op=torch_op(op), async_op=True)
+    except RuntimeError as exc:
+        raise _fail("allreduce", name, tensor, exc) from exc
+
+    def wait() -> None:
+        try:
+            work.wait()
+        except RuntimeError as exc:
+            raise _fail("allreduce", name, tensor, exc) from exc
+        finish_average(tensor, op, n)
+
+    return Handle(tensor, wait, name)
+
+
+_ALGORITHMS: dict[str, AllreduceAlgorithm] = {"native": _native_allreduce}
+
+# torch 2.13 renamed all_gather_into_tensor; keep working on torch >= 2.4.
+_all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+
+def register_algorithm(name: str, fn: AllreduceAlgorithm) -> None:
+    """Make ``algorithm=name`` available (used by :mod:`ringtrain.sync`)."""
+    _ALGORITHMS[name] = fn
+
+
+def algorithms() -> list[str]:
+    return sorted(_ALGORITHMS)
+
+
+def _algorithm(name: str | AllreduceAlgorithm) -> AllreduceAlgorithm:
+    if callable(name):
+        return name
+    try:
+        return _ALGORITHMS[name]
+    except KeyError:
+        raise ConfigError(
+            f"unknown allreduce algorithm {name!r}; choose one of: {', '.join(algorithms())}"
+        ) from None
+
+
+def barrier() -> None:
+    runtime.world()
+    dist.barrier()
+
+
+def allreduce_async_(
+    tensor: torch.Tensor,
+    op: ReduceOp = Average,
+    name: str | None = None,
+    algorithm: str | AllreduceAlgorithm = "native",
+) -> Handle:
+    runtime.world()
+    return _algorithm(algorithm)(tensor, op, name)
+
+
+def allreduce_async(
+    tensor: torch.Tensor,
+    op: ReduceOp = Average,
+    name: str | None = None,
+    algorithm: str | AllreduceAlgorithm = "native",
+) -> Handle:
+    return allreduce_async_(tensor.detach().clone(), op, name, algorithm)
+
+
+def synchronize(handle: Handle) -> torch.Tensor:
+    return handle.wait()
+
+
+def allreduce_(
+    tensor: torch.Tensor,
+    op: ReduceOp = Average,
+    name: str | None = None,
+    algorithm: str | AllreduceAlgorithm = "native",
+) -> torch.Tensor:
+    return allreduce_async_(tensor, op, name, algorithm).wait()
+
+
+def allreduce(
+    tensor: torch.Tensor,
+    op: ReduceOp = Average,
+    name: str | None = None,
+    algorithm: str | AllreduceAlgorithm = "native",
+) -> torch.Tensor:
+    return allreduce_async(tensor, op, name, algorithm).wait()
+
+
+def allgather(tensor: torch.Tensor, name: str | None = None) -> torch.Tensor:
+    """Concatenate every rank's tensor along dim 0; first dimensions may differ by rank."""
+    n = runtime.size()
+    t = tensor.detach().contiguous()
+    if t.dim() == 0:
+        t = t.reshape(1)
+    try:
+        sizes_t = torch.zeros(n, dtype=torch.int64, device=t.device)
+        _all_gather_single(sizes_t, torch.tensor([t.shape[0]], dtype=torch.int64, device=t.device))
+        sizes = [int(s) for s in sizes_t.tolist()]
+        longest = max(sizes)
+        if t.shape[0] < longest:
+            pad = torch.zeros((longest - t.shape[0], *t.shape[1:]), dtype=t.dtype, device=t.device)
+            t = torch.cat([t, pad])
+        parts = [torch.empty_like(t) for _ in range(n)]
+        dist.all_gather(parts, t)
+    except RuntimeError as exc:
+        raise _fail("allgather", name, tensor, exc) from exc
+    return torch.cat([p[:s] for p, s in zip(parts, sizes)])
+
+
+def broadcast_(tensor: torch.Tensor, root_rank: int = 0, name: str | None = None) -> torch.Tensor:
+    n = runtime.size()
+    if not 0 <= root_rank < n:
+        raise ConfigError(f"root_rank {root_rank} is outside the world of size {n}")
+    try:
+        dist.broadcast(tensor, src=root_rank)
+    except RuntimeError as exc:
+        raise _fail("broadcast", name, tensor, exc) from exc
+    return tensor
+
+
+def broadcast(tensor: torch.Tensor, root_rank: int = 0, name: str | None = None) -> torch.Tensor:
+    return broadcast_(tensor.detach().clone(), root_rank, name)
+
+
+def _even_splits(length: int, parts: int) -> list[int]:
+    # The first (length % parts) ranks get one extra row, as Horovod does.
+    base, extra = divmod(length, parts)
+    return [base + (1 if i < extra else 0) for i in range(parts)]
+
+
+def alltoall(
+    tensor: torch.Tensor, splits: Sequence[int] | None = None, name: str | None = None
+) -> torch.Tensor:
+    """Send ``splits[i]`` rows (dim 0) to rank i; return the rows received, in rank order."""
+    n = runtime.size()
+    t = tensor.detach().contiguous()
+    send = list(splits) if splits is not None else _even_splits(t.shape[0], n)
+    if len(send) != n or any(s < 0 for s in send) or sum(send) != t.shape[0]:
+        raise ConfigError(
+            f"alltoall splits {send} must be {n} non-negative numbers summing to the "
+            f"first dimension {t.shape[0]}"
+        )
+    try:
+        send_t = torch.tensor(send, dtype=torch.int64, device=t.device)
+        recv_t = torch.empty_like(send_t)
+        dist.all_to_all_single(recv_t, send_t)
+        recv = [int(r) for r in recv_t.tolist()]
+        out = torch.empty((sum(recv), *t.shape[1:]), dtype=t.dtype, device=t.device)
+        dist.all_to_all_single(out, t, output_split_sizes=recv, input_split_sizes=send)
+    except RuntimeError as exc:
+        raise _fail("alltoall", name, tensor, exc) from exc
+    return out
+
+
+def reducescatter(tensor: torch.Tensor, op: ReduceOp = Average, name: str | None = None) -> torch.Tensor:
+    """Reduce across ranks, then keep this rank's share of dim 0 (earlier ranks get the extra rows)."""
+    n, r = runtime.size(), runtime.rank()
+    reduced = allreduce(tensor, op=op, name=name)
+    splits = _even_splits(reduced.shape[0], n)
+    start = sum(splits[:r])
+    return reduced[start : start + splits[r]].clone()
+
+
+def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None) -> Any:
+    n = runtime.size()
+    if not 0 <= root_rank < n:
+        raise ConfigError(f"root_rank {root_rank} is outside the world of size {n}")
+    box = [obj]
+    try:
+        dist.broadcast_object_list(box, src=root_rank)
+    except RuntimeError as exc:
+        raise _fail("broadcast_object", name, None, exc) from exc
+    return box[0]
+
+
+def allgather_object(obj: Any, name: str | None = None) -> list[Any]:
+    out: list[Any] = [None] * runtime.size()
+    try:
+        dist.all_gather_object(out, obj)
+    except RuntimeError as exc:
+        raise _fail("allgather_object", name, None, exc) from exc
+    return out

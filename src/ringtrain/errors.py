@@ -1,0 +1,102 @@
+"""The exception tree of ringtrain.
+
+Every error a user can cause or meet is a subclass of :class:`RingtrainError`, so a
+script can catch them all at once, and the command-line entry points turn them into
+one line on stderr and a non-zero exit instead of a traceback.
+
+::
+
+    RingtrainError
+    ├── ConfigError              bad argument, flag, host list or environment (fix and rerun)
+    │   └── LaunchEnvError       inconsistent launcher variables (RANK >= WORLD_SIZE, ...)
+    ├── NotInitializedError      a collective was used before rt.init()
+    ├── CollectiveError          an exchange failed                     [recoverable]
+    │   ├── MismatchError        ranks submitted different tensors       (a bug in the script)
+    │   └── StallError           a rank did not arrive within stall_timeout [recoverable]
+    ├── CheckpointError          a checkpoint file is missing, truncated or corrupt
+    ├── DataError                dataset, record store or loader problem
+    │   ├── WorkerError          a loader worker raised (its traceback is attached)
+    │   └── WorkerDiedError      a loader worker exited without reporting [recoverable]
+    └── LaunchError              ringrun could not start or keep the job [recoverable
+                                 when a worker died; not when the command is missing]
+
+"Recoverable" means an elastic restart (``ringrun --max-restarts``) from the latest
+checkpoint can be expected to succeed: the failure came from a process or a host, not
+from the script's own logic.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "RingtrainError",
+    "ConfigError",
+    "LaunchEnvError",
+    "NotInitializedError",
+    "CollectiveError",
+    "MismatchError",
+    "StallError",
+    "CheckpointError",
+    "DataError",
+    "WorkerError",
+    "WorkerDiedError",
+    "LaunchError",
+]
+
+
+class RingtrainError(Exception):
+    """Base of every error raised by ringtrain on purpose."""
+
+    #: Whether restarting the job from the latest checkpoint is expected to help.
+    recoverable: bool = False
+
+
+class ConfigError(RingtrainError, ValueError):
+    """A bad argument, flag, host list or setting; the message says how to fix it."""
+
+
+class LaunchEnvError(ConfigError):
+    """The launcher's environment variables are partial or contradict each other."""
+
+
+class NotInitializedError(RingtrainError, RuntimeError):
+    """A distributed call was made before ``rt.init()``."""
+
+
+class CollectiveError(RingtrainError, RuntimeError):
+    """A collective operation failed on this rank."""
+
+    recoverable = True
+
+
+class MismatchError(CollectiveError):
+    """Ranks tried to exchange different tensors (names, shapes, dtypes or order)."""
+
+    recoverable = False
+
+
+class StallError(CollectiveError):
+    """Some ranks did not reach an exchange within the stall timeout."""
+
+    recoverable = True
+
+
+class CheckpointError(RingtrainError, OSError):
+    """A checkpoint could not be written or read back intact."""
+
+
+class DataError(RingtrainError, ValueError):
+    """A problem with a dataset, a record store or the loader's arguments."""
+
+
+class WorkerError(DataError):
+    """A loader worker raised; the worker's traceback is in the message."""
+
+
+class WorkerDiedError(DataError):
+    """A loader worker process exited without reporting (killed, out of memory)."""
+
+    recoverable = True
+
+
+class LaunchError(RingtrainError, RuntimeError):
+    """ringrun could not start the job or a worker failed."""

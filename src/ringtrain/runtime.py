@@ -1,0 +1,231 @@
+"""Process-wide runtime: join the job, pin a device, answer who-am-I questions.
+
+``init()`` reads the launch environment once (:func:`ringtrain.env.parse_env`),
+rendezvouses through a TCP store (or an in-memory one for a 1-process world), starts
+the ``torch.distributed`` process group and pins ``cuda:<local_rank>`` when CUDA is
+there. Everything else in ringtrain asks this module for the world.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import os
+import socket
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from ringtrain.env import LaunchEnv, parse_env
+from ringtrain.errors import ConfigError, LaunchEnvError, NotInitializedError
+from ringtrain.settings import Settings, load_settings
+
+__all__ = [
+    "World",
+    "init",
+    "shutdown",
+    "is_initialized",
+    "world",
+    "rank",
+    "size",
+    "local_rank",
+    "local_size",
+    "cross_rank",
+    "cross_size",
+    "device",
+    "store",
+    "settings",
+]
+
+log = logging.getLogger("ringtrain")
+
+_LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
+
+
+@dataclass(frozen=True)
+class World:
+    """The job as this process sees it after :func:`init`."""
+
+    env: LaunchEnv
+    backend: str
+    device: torch.device
+    settings: Settings
+
+
+_world: World | None = None
+_store: dist.Store | None = None
+
+
+def _choose_backend(requested: str, local_size: int) -> str:
+    if requested != "auto":
+        if requested == "nccl" and not torch.cuda.is_available():
+            raise ConfigError(
+                "backend 'nccl' needs CUDA GPUs but none is available; use backend='gloo' or 'auto'"
+            )
+        return requested
+    # NCCL only when every process on this host can own a GPU: sharing one GPU
+    # between NCCL ranks is unsupported (ncclInvalidUsage).
+    if torch.cuda.is_available() and torch.cuda.device_count() >= local_size:
+        return "nccl"
+    return "gloo"
+
+
+def _is_loopback(addr: str) -> bool:
+    return addr in _LOOPBACK_NAMES or addr.startswith("127.")
+
+
+def _bind_listener(addr: str, port: int) -> socket.socket:
+    """Bind the rendezvous socket ourselves so it listens only on ``addr``.
+
+    TCPStore on its own binds every interface; a job confined to one host must not be
+    reachable from the network.
+    """
+    family = socket.AF_INET6 if ":" in addr else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    bind_addr = "" if addr in ("0.0.0.0", "::") else addr
+    try:
+        sock.bind((bind_addr, port))
+    except OSError as exc:
+        sock.close()
+        raise LaunchEnvError(
+            f"cannot listen on {addr}:{port} for the rendezvous ({exc.strerror}); "
+            "choose another MASTER_PORT (or let ringrun pick one)"
+        ) from None
+    sock.listen(1024)
+    return sock
+
+
+def _make_store(env: LaunchEnv, timeout: datetime.timedelta) -> dist.Store:
+    if env.size == 1 and env.master_port is None:
+        return dist.HashStore()
+    assert env.master_port is not None  # guaranteed by LaunchEnv validation
+    agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
+    if env.rank == 0 and not agent_store:
+        fd = env.store_fd
+        listener = None
+        if fd is None:
+            listener = _bind_listener(env.master_addr, env.master_port)
+            fd = listener.fileno()
+        base = dist.TCPStore(
+            env.master_addr, env.master_port, env.size, True, timeout=timeout,
+            wait_for_workers=False, master_listen_fd=fd,
+        )
+        if listener is not None:
+            listener.detach()  # the store owns the descriptor now
+    else:
+        base = dist.TCPStore(env.master_addr, env.master_port, env.size, False, timeout=timeout)
+    # Each restart attempt rendezvouses under its own prefix so no key of a dead
+    # attempt is ever read (FIELD-NOTES: torchrun restarts hung on stale addresses).
+    return dist.PrefixStore(f"ringtrain/{env.run_id}/{env.attempt}/", base)
+
+
+def _configure_logging(env: LaunchEnv) -> None:
+    # One handler for the "ringtrain" logger with the rank in every line, added once.
+    if any(getattr(h, "_ringtrain", False) for h in log.handlers):
+        return
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter(f"[ringtrain rank {env.rank}] %(levelname)s %(message)s"))
+    handler._ringtrain = True  # type: ignore[attr-defined]
+    log.addHandler(handler)
+    if log.level == logging.NOTSET:
+        log.setLevel(logging.WARNING)
+    log.propagate = False
+
+
+def init(backend: str | None = None, timeout: float | None = None) -> World:
+    """Join the job described by the environment; a no-launcher run is a 1-process world.
+
+    Calling it again while initialised returns the current world.
+    """
+    global _world, _store
+    if _world is not None:
+        return _world
+    cfg = load_settings(backend=backend, init_timeout=timeout)
+    env = parse_env(os.environ)
+    chosen = _choose_backend(cfg.backend, env.local_size)
+    if chosen == "gloo" and _is_loopback(env.master_addr) and "GLOO_SOCKET_IFNAME" not in os.environ:
+        # Gloo binds the address the host name resolves to; confine a one-host job to
+        # loopback so nothing listens on the network.
+        os.environ["GLOO_SOCKET_IFNAME"] = "lo"
+    _configure_logging(env)
+    pg_timeout = datetime.timedelta(seconds=cfg.init_timeout)
+    store = _make_store(env, pg_timeout)
+    dev = torch.device("cpu")
+    if torch.cuda.is_available() and torch.cuda.device_count() > env.local_rank:
+        torch.cuda.set_device(env.local_rank)
+        dev = torch.device("cuda", env.local_rank)
+    if not dist.is_initialized():
+        dist.init_process_group(
+            chosen, store=store, rank=env.rank, world_size=env.size, timeout=pg_timeout
+        )
+    _store = store
+    _world = World(env=env, backend=chosen, device=dev, settings=cfg)
+    log.info("joined %s world of %d (backend %s, device %s)", env.launcher, env.size, chosen, dev)
+    return _world
+
+
+def shutdown() -> None:
+    """Leave the job; safe to call twice or without :func:`init`."""
+    global _world, _store
+    if _world is None:
+        return
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    _world = None
+    _store = None
+
+
+def is_initialized() -> bool:
+    return _world is not None
+
+
+def world() -> World:
+    if _world is None:
+        raise NotInitializedError("ringtrain is not initialised; call rt.init() first")
+    return _world
+
+
+def store() -> dist.Store:
+    """The rendezvous store of this attempt (used for stall checks and signatures)."""
+    world()
+    assert _store is not None
+    return _store
+
+
+def settings() -> Settings:
+    return world().settings if _world is not None else load_settings()
+
+
+def rank() -> int:
+    return world().env.rank
+
+
+def size() -> int:
+    return world().env.size
+
+
+def local_rank() -> int:
+    return world().env.local_rank
+
+
+def local_size() -> int:
+    return world().env.local_size
+
+
+def cross_rank() -> int:
+    return world().env.cross_rank
+
+
+def cross_size() -> int:
+    return world().env.cross_size
+
+
+def device() -> torch.device:
+    """``cuda:<local_rank>`` when this process has a GPU, else ``cpu`` (works before init)."""
+    if _world is not None:
+        return _world.device
+    if torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
