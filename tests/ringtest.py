@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import pickle
 import queue
 import socket
 import traceback
@@ -49,7 +50,9 @@ def _child(fn: Callable[..., Any], rank: int, n: int, port: int, args: tuple, en
         if init:
             rt.init()
         value = fn(*args)
-        results.put((rank, True, value))
+        # Plain pickle copies tensor data; the queue's own pickler would pass file
+        # descriptors that vanish when this process exits.
+        results.put((rank, True, pickle.dumps(value)))
         if init:
             rt.shutdown()
     except BaseException as exc:  # noqa: BLE001 - report everything to the parent
@@ -80,7 +83,7 @@ def run_world(fn: Callable[..., Any], n: int, *args: Any, timeout: float = 60.0,
                 break
             try:
                 rank, ok, value = results.get(timeout=min(left, 0.5))
-                got[rank] = (ok, value)
+                got[rank] = (ok, pickle.loads(value) if ok else value)
             except queue.Empty:
                 # A rank that died without reporting (e.g. os._exit) counts as done.
                 if all(not p.is_alive() for p in procs) and results.empty():

@@ -31,6 +31,10 @@ from ringtrain.collectives import (
     reducescatter,
     synchronize,
 )
+from ringtrain.broadcast import broadcast_optimizer_state, broadcast_parameters
+from ringtrain.compression import Compression
+from ringtrain.optimizer import DistributedOptimizer
+from ringtrain.schedule import scale_lr, warmup
 from ringtrain.runtime import (
     cross_rank,
     cross_size,
@@ -54,5 +58,7 @@ __all__ = [
     "barrier", "allreduce", "allreduce_", "allreduce_async", "allreduce_async_", "synchronize",
     "allgather", "broadcast", "broadcast_", "alltoall", "reducescatter",
     "broadcast_object", "allgather_object",
+    "DistributedOptimizer", "Compression", "broadcast_parameters", "broadcast_optimizer_state",
+    "scale_lr", "warmup",
     "checkpoint", "errors",
 ]

@@ -1,0 +1,214 @@
+"""Sample order and sharding: a pure function of (seed, epoch, rank, world size).
+
+Nothing here touches processes or files. The order of one epoch is a keyed
+pseudo-random permutation of ``[0, N)`` evaluated on demand, so a process never holds
+an O(N) list: a 10-million-sample epoch costs a handful of 64-bit keys, and the
+indices of any batch are computed in O(batch) with vectorised numpy.
+
+The permutation is a balanced Feistel network over the smallest even power of two
+``>= N`` with *cycle walking* (Black & Rogaway, "Ciphers with Arbitrary Finite
+Domains", CT-RSA 2002): outputs that fall outside ``[0, N)`` are encrypted again
+until they land inside, which keeps it a bijection on ``[0, N)``. Six rounds of a
+splitmix64-style round function are plenty for shuffling (Luby-Rackoff needs four
+for a pseudo-random permutation).
+
+Layout of one epoch (``W`` ranks, batch ``B``)::
+
+    global position p in [start, start + W * per_rank)   (p >= N wraps: padding)
+    rank r owns positions start + i*W + r, i = 0 .. per_rank-1
+    batch b of rank r  = its positions i in [b*B, (b+1)*B)
+    sample index       = perm(p mod N)       (identity when shuffle=False)
+
+Because every rank consumes its shard in lockstep, "k batches done" on every rank is
+the same as "global positions [start, start + k*B*W) consumed"; a resume simply
+starts a new plan at that position, with any world size, and costs O(1).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ringtrain.errors import DataError
+
+__all__ = ["FeistelPermutation", "EpochPlan", "BatchIndexer", "epoch_batches", "batch_seed"]
+
+_M64 = np.uint64(0xFFFFFFFFFFFFFFFF)
+_C1 = np.uint64(0xBF58476D1CE4E5B9)  # splitmix64 finaliser constants (Steele et al. 2014)
+_C2 = np.uint64(0x94D049BB133111EB)
+_S30, _S27, _S31 = np.uint64(30), np.uint64(27), np.uint64(31)
+
+
+def _mix64(x: np.ndarray) -> np.ndarray:
+    """splitmix64's finaliser: a fast, well-mixing bijection on uint64 (wraps by design)."""
+    x = x ^ (x >> _S30)
+    x = x * _C1
+    x = x ^ (x >> _S27)
+    x = x * _C2
+    return x ^ (x >> _S31)
+
+
+class FeistelPermutation:
+    """A keyed bijection of ``[0, n)``; ``perm(positions)`` is vectorised numpy.
+
+    Memory is O(rounds) whatever ``n`` is; the cost per element is about
+    ``rounds * (expected walks <= 4)`` numpy element operations.
+    """
+
+    __slots__ = ("n", "_half", "_mask", "_keys")
+
+    def __init__(self, n: int, seed: int, epoch: int, rounds: int = 6) -> None:
+        if n <= 0:
+            raise DataError(f"cannot permute an empty range (n={n})")
+        self.n = int(n)
+        bits = max(2, (self.n - 1).bit_length())
+        bits += bits % 2  # balanced halves: the domain is 2**bits, at most 4n
+        self._half = np.uint64(bits // 2)
+        self._mask = np.uint64((1 << (bits // 2)) - 1)
+        # SeedSequence is stable across numpy versions and mixes (seed, epoch) fully.
+        ss = np.random.SeedSequence([int(seed), int(epoch), 0x52494E47])  # "RING"
+        self._keys = ss.generate_state(rounds, dtype=np.uint64)
+
+    def _encrypt(self, x: np.ndarray) -> np.ndarray:
+        left = x >> self._half
+        right = x & self._mask
+        for key in self._keys:
+            left, right = right, left ^ (_mix64(right ^ key) & self._mask)
+        return (left << self._half) | right
+
+    def __call__(self, positions: np.ndarray) -> np.ndarray:
+        """Map positions in ``[0, n)`` to sample indices in ``[0, n)`` (int64)."""
+        if self.n == 1:
+            return np.zeros(len(positions), dtype=np.int64)
+        n = np.uint64(self.n)
+        out = self._encrypt(np.asarray(positions, dtype=np.uint64))
+        outside = np.flatnonzero(out >= n)
+        while outside.size:  # cycle walking: terminates because the input is inside
+            walked = self._encrypt(out[outside])
+            out[outside] = walked
+            outside = outside[walked >= n]
+        return out.astype(np.int64)
+
+
+def epoch_batches(num_samples: int, batch_size: int, world_size: int, drop_last: bool) -> int:
+    """Batches each rank gets in a full epoch (the same number on every rank)."""
+    per_rank = num_samples // world_size if drop_last else -(-num_samples // world_size)
+    return per_rank // batch_size if drop_last else -(-per_rank // batch_size)
+
+
+@dataclass(frozen=True)
+class EpochPlan:
+    """The order of one epoch (or of its remainder, from global position ``start``).
+
+    Picklable and small, so it is sent to loader workers once per epoch; workers
+    then compute the indices of each batch themselves from its number.
+    """
+
+    num_samples: int
+    batch_size: int
+    world_size: int = 1
+    rank: int = 0
+    shuffle: bool = True
+    seed: int = 0
+    epoch: int = 0
+    drop_last: bool = False
+    start: int = 0
+
+    def __post_init__(self) -> None:
+        if self.num_samples <= 0:
+            raise DataError(f"the dataset is empty (len {self.num_samples}); give it samples")
+        if self.batch_size <= 0:
+            raise DataError(f"batch_size must be >= 1, got {self.batch_size}")
+        if self.world_size <= 0 or not 0 <= self.rank < self.world_size:
+            raise DataError(
+                f"rank {self.rank} is not in a world of {self.world_size}; "
+                "pass 0 <= rank < world_size"
+            )
+        if self.seed < 0 or self.epoch < 0:
+            raise DataError(f"seed and epoch must be >= 0, got seed={self.seed} epoch={self.epoch}")
+        if not 0 <= self.start <= self.num_samples:
+            raise DataError(f"start position {self.start} is outside [0, {self.num_samples}]")
+
+    # ---- sizes -------------------------------------------------------------------
+    @property
+    def remaining(self) -> int:
+        """Samples of the dataset not yet consumed in this epoch (all ranks)."""
+        return self.num_samples - self.start
+
+    @property
+    def per_rank(self) -> int:
+        """Positions this rank owns from ``start`` on (padding included)."""
+        w = self.world_size
+        return self.remaining // w if self.drop_last else -(-self.remaining // w)
+
+    @property
+    def num_batches(self) -> int:
+        b = self.batch_size
+        return self.per_rank // b if self.drop_last else -(-self.per_rank // b)
+
+    def batch_len(self, batch: int) -> int:
+        return min(self.batch_size, self.per_rank - batch * self.batch_size)
+
+    # ---- positions and indices -------------------------------------------------------
+    def batch_positions(self, batch: int) -> np.ndarray:
+        """Global positions (before wrap-around) of batch ``batch`` of this rank."""
+        if not 0 <= batch < self.num_batches:
+            raise IndexError(f"batch {batch} outside [0, {self.num_batches})")
+        i = np.arange(batch * self.batch_size, batch * self.batch_size + self.batch_len(batch),
+                      dtype=np.int64)
+        return self.start + i * self.world_size + self.rank
+
+    def batch_indices(self, batch: int, perm: FeistelPermutation | None = None) -> np.ndarray:
+        """Dataset indices (int64) of batch ``batch``; pass ``perm`` to reuse its keys."""
+        pos = self.batch_positions(batch) % self.num_samples  # padding wraps to the start
+        if not self.shuffle:
+            return pos
+        return (perm or self.permutation())(pos)
+
+    def permutation(self) -> FeistelPermutation:
+        return FeistelPermutation(self.num_samples, self.seed, self.epoch)
+
+    def position_after(self, batches: int) -> int:
+        """Global position reached once every rank has consumed ``batches`` batches."""
+        return min(self.num_samples, self.start + batches * self.batch_size * self.world_size)
+
+
+class BatchIndexer:
+    """Indices of a plan's batches, computed a chunk of consecutive batches at a time.
+
+    numpy's per-call overhead (about 1 us per operation) dominates a 256-element
+    Feistel evaluation (~250 us per batch measured); over 16k positions at once it is
+    ~50 ns per sample. A chunk is 128 KiB, so memory stays O(1) in the dataset size.
+    """
+
+    def __init__(self, plan: EpochPlan, chunk_samples: int = 16384) -> None:
+        self.plan = plan
+        self._perm = plan.permutation() if plan.shuffle else None
+        self._chunk = max(1, chunk_samples // plan.batch_size)
+        self._first = -1
+        self._cache = np.empty(0, dtype=np.int64)
+
+    def __call__(self, batch: int) -> np.ndarray:
+        plan = self.plan
+        if not 0 <= batch < plan.num_batches:
+            raise IndexError(f"batch {batch} outside [0, {plan.num_batches})")
+        first = batch - batch % self._chunk
+        if first != self._first:
+            lo = first * plan.batch_size
+            hi = min(plan.per_rank, (first + self._chunk) * plan.batch_size)
+            pos = (plan.start + np.arange(lo, hi, dtype=np.int64) * plan.world_size + plan.rank)
+            pos %= plan.num_samples
+            self._cache = pos if self._perm is None else self._perm(pos)
+            self._first = first
+        off = (batch - first) * plan.batch_size
+        return self._cache[off:off + plan.batch_len(batch)]
+
+
+def batch_seed(seed: int, epoch: int, rank: int, position: int) -> int:
+    """A 63-bit RNG seed for the augmentation of one batch, independent of which
+    worker loads it, so augmentations are reproducible and survive a resume."""
+    x = np.array([(seed * 0x9E3779B97F4A7C15 + epoch) & 0xFFFFFFFFFFFFFFFF], dtype=np.uint64)
+    x = _mix64(x ^ np.uint64((rank << 40) ^ position))
+    return int(_mix64(x)[0] >> np.uint64(1))
+

@@ -1,0 +1,286 @@
+"""One training step on N GPUs: when gradients are ready, how they are bucketed,
+and how much of their exchange hides behind the rest of backward.
+
+The step of one GPU is forward, then backward from the last layer to the first,
+then the optimizer update. Backward costs ``backward_fraction`` of the step (2/3:
+each layer's backward computes two products, gradient of the input and of the
+weights, each as costly as its forward one; Kaplan et al. 2020 count 2 forward and
+4 backward FLOPs per parameter and token). Each layer's share of backward is its
+share of forward MACs, so a layer's gradients are ready once every layer after it
+has run its backward.
+
+Ready gradients go into buckets, and buckets go through one communication channel
+in order (one NCCL stream, one Gloo context), each taking the strategy's
+alpha-beta time. Two bucketing policies cover the frameworks of the validation:
+
+- static (PyTorch DDP): buckets of ``bucket_bytes`` in ready order, fixed before the
+  step; a bucket goes out when its last gradient is ready (Li et al. 2020, VLDB).
+- dynamic (Horovod): a background thread wakes every ``cycle_s``; when the channel is
+  free it fuses everything ready so far, up to ``bucket_bytes`` (Horovod's tensor
+  fusion, Sergeev & Del Balso 2018, section 5).
+
+A parameter server has no single channel: each tensor lives on one server, which
+serves it to every worker, so servers are parallel channels and the busiest one
+sets the pace (TensorFlow's ``replica_device_setter``, greedy by bytes).
+
+The step ends when backward is over and the last bucket is back. Two costs sit on
+top of the alpha-beta terms, both framework facts given in :class:`Framework`:
+a fixed CPU cost per gradient tensor (hooks, launches) on the critical path, and
+waiting for the slowest of N GPUs when step times jitter (the expected maximum of
+N normal variables, Blom's approximation).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from statistics import NormalDist
+
+from ringtrain.errors import ConfigError
+from ringtrain.plan.cost import allreduce_time, check_strategy, ps_tensor_time
+from ringtrain.plan.layers import Layer
+from ringtrain.plan.network import Topology
+
+__all__ = [
+    "Framework",
+    "FRAMEWORKS",
+    "Scenario",
+    "StepBreakdown",
+    "simulate",
+    "scaling",
+    "straggler_factor",
+    "with_strategy",
+]
+
+
+@dataclass(frozen=True)
+class Framework:
+    """How a framework turns ready gradients into exchanges."""
+
+    name: str
+    #: Bucket cap / fusion threshold in bytes; 0 sends every layer on its own.
+    bucket_bytes: float
+    #: Horovod's cycle: 0 means static buckets (DDP), > 0 dynamic fusion every cycle.
+    cycle_s: float = 0.0
+    #: DDP makes its first bucket small so the exchange starts early.
+    first_bucket_bytes: float | None = None
+    #: False: one exchange after backward (no overlap at all).
+    overlap: bool = True
+    #: CPU cost per gradient tensor that delays backward (autograd hooks, copies).
+    per_tensor_s: float = 0.0
+    note: str = ""
+
+    def __post_init__(self) -> None:
+        if self.bucket_bytes < 0 or self.cycle_s < 0 or self.per_tensor_s < 0:
+            raise ConfigError(f"framework {self.name!r}: sizes and times must be >= 0")
+
+
+#: Framework presets by the name the CLI takes (``--framework``).
+FRAMEWORKS: dict[str, Framework] = {
+    # DDP: 25 MB buckets, a 1 MB first bucket (torch.distributed._DEFAULT_FIRST_BUCKET_BYTES).
+    # Per-tensor cost: the DDP README's 1-GPU rows, 'no ddp' vs '1M/1G' (DDP with nobody to
+    # talk to), are 0.097 -> 0.100 s (ResNet-50, 161 tensors) and 0.162 -> 0.171 s
+    # (ResNet-101, 314 tensors): 12 ms over 475 tensors = 25 us per tensor.
+    "ddp": Framework("ddp", 25 * 2**20, first_bucket_bytes=2**20, per_tensor_s=25e-6,
+                     note="PyTorch DistributedDataParallel"),
+    # Horovod 2018 defaults: HOROVOD_FUSION_THRESHOLD 64 MB, HOROVOD_CYCLE_TIME 5 ms.
+    "horovod": Framework("horovod", 64 * 2**20, cycle_s=5e-3, note="Horovod tensor fusion"),
+    # TensorFlow/Caffe2 style: one exchange per layer as soon as it is ready, no fusion.
+    "per-layer": Framework("per-layer", 0.0, note="an exchange per layer, no fusion"),
+    # A single flat allreduce of every gradient after backward (the simplest loop).
+    "flat": Framework("flat", math.inf, overlap=False, note="one allreduce after backward"),
+}
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """Everything a prediction depends on, except the number of GPUs."""
+
+    layers: tuple[Layer, ...]
+    #: Seconds of one step on one GPU without any exchange (forward + backward + update).
+    compute_s: float
+    topology: Topology
+    strategy: str = "ring"
+    framework: Framework = field(default_factory=lambda: FRAMEWORKS["horovod"])
+    #: Bytes per gradient element on the wire: 4 for fp32, 2 with fp16 compression.
+    wire_bytes: int = 4
+    #: Parameter servers (shards); None: one per host.
+    ps_shards: int | None = None
+    #: Servers run on the worker hosts (distributed TensorFlow's usual layout).
+    ps_colocated: bool = True
+    #: Algorithm across hosts for the hierarchical strategy: "ring" or "hd".
+    inter: str = "ring"
+    backward_fraction: float = 2 / 3
+    #: Coefficient of variation of one GPU's step time (stragglers); 0 = none.
+    jitter_cv: float = 0.0
+    #: Samples per GPU per step, to turn steps into throughput.
+    batch: int = 1
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "strategy", check_strategy(self.strategy))
+        if not self.layers:
+            raise ConfigError("the model has no layers")
+        if self.compute_s <= 0:
+            raise ConfigError(f"single-GPU step time must be > 0 s, got {self.compute_s}")
+        if not 0 < self.backward_fraction < 1:
+            raise ConfigError(f"backward fraction must be in (0, 1), got {self.backward_fraction}")
+        if self.wire_bytes not in (2, 4):
+            raise ConfigError(f"wire bytes per element must be 4 (fp32) or 2 (fp16), got {self.wire_bytes}")
+        if self.inter not in ("ring", "hd"):
+            raise ConfigError(f"inter-host algorithm must be 'ring' or 'hd', got {self.inter!r}")
+        if self.ps_shards is not None and self.ps_shards < 1:
+            raise ConfigError(f"--ps-shards must be >= 1, got {self.ps_shards}")
+        if self.jitter_cv < 0 or self.batch < 1:
+            raise ConfigError("jitter must be >= 0 and batch >= 1")
+
+    @property
+    def gradient_bytes(self) -> float:
+        return sum(layer.params for layer in self.layers) * float(self.wire_bytes)
+
+
+@dataclass(frozen=True)
+class StepBreakdown:
+    """Where one step's time goes on ``gpus`` GPUs (seconds)."""
+
+    gpus: int
+    step_s: float
+    #: Forward + backward + update, including stragglers and per-tensor costs.
+    compute_s: float
+    #: Time the channel(s) were busy exchanging (hidden or not).
+    comm_s: float
+    #: Part of the step spent waiting for the exchange after backward ended.
+    exposed_s: float
+    buckets: int
+    throughput: float
+    efficiency: float
+
+
+def straggler_factor(gpus: int, cv: float) -> float:
+    """Expected slowest of ``gpus`` step times relative to the mean, for relative spread ``cv``."""
+    if gpus <= 1 or cv == 0:
+        return 1.0
+    # Blom (1958): E[max of n standard normals] ~ inv_cdf((n - 0.375) / (n + 0.25)).
+    return 1.0 + cv * NormalDist().inv_cdf((gpus - 0.375) / (gpus + 0.25))
+
+
+def _ready_times(sc: Scenario, gpus: int) -> tuple[list[float], list[float], float]:
+    """Gradient bytes and ready time per layer in backward order, and the end of backward."""
+    stretch = straggler_factor(gpus, sc.jitter_cv)
+    fwd = sc.compute_s * (1 - sc.backward_fraction) * stretch
+    bwd = sc.compute_s * sc.backward_fraction * stretch
+    macs = sum(layer.macs for layer in sc.layers) or 1.0
+    per_tensor = sc.framework.per_tensor_s
+    t, sizes, ready = fwd, [], []
+    for layer in reversed(sc.layers):
+        t += bwd * layer.macs / macs + per_tensor * layer.tensors
+        sizes.append(layer.params * float(sc.wire_bytes))
+        ready.append(t)
+    if not sc.framework.overlap:
+        ready = [t] * len(ready)
+    return sizes, ready, t
+
+
+def _buckets(sc: Scenario, sizes: list[float], ready: list[float], cost: object) -> tuple[float, float, int]:
+    """Run the buckets through one channel; return (end of last exchange, busy time, count)."""
+    fw = sc.framework
+    time_of = cost  # type: ignore[assignment]
+    free, busy, count, i, n = 0.0, 0.0, 0, 0, len(sizes)
+    while i < n:
+        cap = fw.bucket_bytes
+        if fw.cycle_s > 0:  # dynamic fusion: wake on a cycle tick once something is ready
+            start = max(free, ready[i])
+            start = math.ceil(start / fw.cycle_s - 1e-9) * fw.cycle_s
+            size, j = 0.0, i
+            while j < n and ready[j] <= start and (j == i or size + sizes[j] <= cap):
+                size += sizes[j]
+                j += 1
+        else:  # static buckets in ready order
+            if count == 0 and fw.first_bucket_bytes is not None:
+                cap = fw.first_bucket_bytes
+            size, j = sizes[i], i + 1
+            while j < n and size + sizes[j] <= cap:
+                size += sizes[j]
+                j += 1
+            start = max(free, ready[j - 1])
+        took = time_of(size)  # type: ignore[operator]
+        free, busy, count, i = start + took, busy + took, count + 1, j
+    return free, busy, count
+
+
+def _parameter_servers(sc: Scenario, gpus: int, sizes: list[float], ready: list[float]) -> tuple[float, float, int]:
+    """Servers as parallel channels; each layer's tensors live on one server."""
+    topo = sc.topology
+    hosts = topo.hosts(gpus)
+    shards = sc.ps_shards or hosts
+    # Greedy placement by bytes in creation (forward) order, like TensorFlow's
+    # GreedyLoadBalancingStrategy: each variable goes to the least-loaded server.
+    load = [0.0] * shards
+    owner = [0] * len(sizes)
+    for idx in reversed(range(len(sizes))):
+        s = min(range(shards), key=load.__getitem__)
+        owner[idx] = s
+        load[s] += sizes[idx]
+    free = [0.0] * shards
+    busy = 0.0
+    for idx in range(len(sizes)):  # backward order
+        took = ps_tensor_time(sizes[idx], gpus, topo, colocated=sc.ps_colocated)
+        s = owner[idx]
+        free[s] = max(free[s], ready[idx]) + took
+        busy += took
+    end = max(free)
+    if hosts > 1:
+        # Worker side: a host's GPUs push everything not served locally and pull it back.
+        total = sum(sizes)
+        local = min(sum(load[s] for s in range(shards) if s % hosts == h) for h in range(hosts))
+        remote = total - local if sc.ps_colocated else total
+        nic = 2 * (topo.inter.alpha_s + topo.local(gpus) * remote / topo.inter.bandwidth)
+        end = max(end, ready[0] + nic)
+    return end, busy, len(sizes)
+
+
+def simulate(sc: Scenario, gpus: int, baseline_gpus: int = 1) -> StepBreakdown:
+    """Predict one step on ``gpus`` GPUs; efficiency is relative to ``baseline_gpus``.
+
+    Efficiency is per-GPU throughput at ``gpus`` over per-GPU throughput at the
+    baseline (weak scaling: the per-GPU batch stays the same). With the default
+    baseline of one GPU, the reference is the plain single-GPU step ``compute_s``.
+    """
+    if gpus < 1:
+        raise ConfigError(f"number of GPUs must be >= 1, got {gpus}")
+    sizes, ready, backward_end = _ready_times(sc, gpus)
+    if gpus == 1:
+        end, busy, count = backward_end, 0.0, 0
+    elif sc.strategy == "ps":
+        end, busy, count = _parameter_servers(sc, gpus, sizes, ready)
+    else:
+        def cost(m: float) -> float:
+            return allreduce_time(sc.strategy, m, gpus, sc.topology, inter=sc.inter)
+
+        end, busy, count = _buckets(sc, sizes, ready, cost)
+    step = max(backward_end, end)
+    if baseline_gpus == 1:
+        base = sc.compute_s
+    elif baseline_gpus == gpus:
+        base = step
+    else:
+        base = simulate(sc, baseline_gpus).step_s
+    return StepBreakdown(
+        gpus=gpus,
+        step_s=step,
+        compute_s=backward_end,
+        comm_s=busy,
+        exposed_s=step - backward_end,
+        buckets=count,
+        throughput=gpus * sc.batch / step,
+        efficiency=base / step,
+    )
+
+
+def scaling(sc: Scenario, gpu_counts: list[int], baseline_gpus: int = 1) -> list[StepBreakdown]:
+    """:func:`simulate` for each count in ``gpu_counts``."""
+    return [simulate(sc, n, baseline_gpus) for n in gpu_counts]
+
+
+def with_strategy(sc: Scenario, strategy: str) -> Scenario:
+    """The same scenario with another strategy."""
+    return replace(sc, strategy=strategy)
