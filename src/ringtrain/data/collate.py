@@ -44,8 +44,8 @@ ALIGN = 64  # a cache line: keeps every field's rows aligned for vectorised copi
 # torch dtype <-> numpy dtype (only those both libraries have); others travel as bytes.
 _TORCH_TO_NP: dict[torch.dtype, np.dtype] = {}
 for _dt in (torch.float64, torch.float32, torch.float16, torch.int64, torch.int32,
-            torch.int16, torch.int8, torch.uint8, torch.bool, torch.complex64,
-            torch.complex128):
+            torch.int16, torch.int8, torch.uint8, torch.uint16, torch.uint32, torch.uint64,
+            torch.bool, torch.complex64, torch.complex128):
     _TORCH_TO_NP[_dt] = torch.empty(0, dtype=_dt).numpy().dtype
 _NP_TO_TORCH = {v: k for k, v in _TORCH_TO_NP.items()}
 _TORCH_BY_NAME = {str(d).removeprefix("torch."): d for d in vars(torch).values()
@@ -155,6 +155,11 @@ def _numbers(samples: Sequence[Any], dtype: np.dtype, alloc: Alloc) -> torch.Ten
     return torch.from_numpy(arr)
 
 
+# A list is described element by element only when it holds arrays or containers; a
+# list of strings or other objects (the default collate's pass-through) travels whole.
+_CONTAINERS = (torch.Tensor, np.ndarray, tuple, list, dict)
+
+
 # ---- spec: how a batch travels -------------------------------------------------------
 # Leaves: ("a", offset, nbytes, dtype name, shape, is_torch); ("o", obj).
 # Nodes:  ("t", children), ("l", children), ("d", keys, children), ("n", cls, children).
@@ -181,14 +186,14 @@ def pack(batch: Any, arena: Arena) -> tuple:
             np.copyto(buf.view(batch.dtype).reshape(batch.shape), batch)
             off = buf.ctypes.data - arena.base
         return ("a", off, nbytes, batch.dtype.str, batch.shape, False)
-    if isinstance(batch, Mapping) and type(batch) is dict:
+    if type(batch) is dict:
         return ("d", tuple(batch), tuple(pack(v, arena) for v in batch.values()))
     if isinstance(batch, tuple):
         children = tuple(pack(v, arena) for v in batch)
         if hasattr(batch, "_fields"):
             return ("n", type(batch), children)
         return ("t", children)
-    if type(batch) is list and batch and isinstance(batch[0], (torch.Tensor, np.ndarray)):
+    if type(batch) is list and batch and isinstance(batch[0], _CONTAINERS):
         return ("l", tuple(pack(v, arena) for v in batch))
     return ("o", batch)
 
@@ -199,10 +204,10 @@ def spec_nbytes(batch: Any) -> int:
         return -(-batch.numel() * batch.element_size() // ALIGN) * ALIGN
     if isinstance(batch, np.ndarray) and batch.dtype in _NP_TO_TORCH:
         return -(-batch.nbytes // ALIGN) * ALIGN
-    if isinstance(batch, Mapping) and type(batch) is dict:
+    if type(batch) is dict:
         return sum(spec_nbytes(v) for v in batch.values())
     if isinstance(batch, tuple) or (type(batch) is list and batch
-                                    and isinstance(batch[0], (torch.Tensor, np.ndarray))):
+                                    and isinstance(batch[0], _CONTAINERS)):
         return sum(spec_nbytes(v) for v in batch)
     return 0
 

@@ -37,7 +37,7 @@ __all__ = [
     "flat_halving_doubling",
     "hierarchical_allreduce",
     "allreduce_time",
-    "ps_tensor_time",
+    "ps_one_way",
     "check_strategy",
 ]
 
@@ -156,19 +156,20 @@ def allreduce_time(strategy: str, m: float, n: int, topo: Topology, *, inter: st
         return flat_halving_doubling(m, n, topo)
     if s == "hierarchical":
         return hierarchical_allreduce(m, n, topo, inter)
-    raise ConfigError(f"strategy {strategy!r} is not an allreduce; use ps_tensor_time for 'ps'")
+    raise ConfigError(f"strategy {strategy!r} is not an allreduce; use ps_one_way for 'ps'")
 
 
-def ps_tensor_time(m: float, n: int, topo: Topology, *, colocated: bool = True) -> float:
-    """Seconds one server spends receiving ``m`` bytes from every worker and sending them back.
+def ps_one_way(m: float, n: int, topo: Topology, *, colocated: bool = True) -> float:
+    """Seconds one server needs to receive a tensor of ``m`` bytes from every worker.
 
-    This is the server-side cost of one tensor that lives on one server, as in
-    TensorFlow's ``replica_device_setter``. With ``colocated`` servers (one per worker
-    host, the usual distributed-TensorFlow layout) the host's own GPUs reach their
-    server without the network; on one host everything crosses PCIe to the CPU.
+    Sending the updated tensor back to every worker takes as long in the other
+    direction of the (full-duplex) link. Each tensor lives on one server, as with
+    TensorFlow's ``replica_device_setter``. With ``colocated`` servers (one per
+    worker host, the usual distributed-TensorFlow layout) the host's own GPUs reach
+    their server without the network; on one host everything crosses PCIe to the CPU.
     """
     _check(m, n)
     if topo.hosts(n) == 1:
-        return 2 * (topo.intra.alpha_s + n * m / topo.intra.bandwidth)
+        return topo.intra.alpha_s + n * m / topo.intra.bandwidth
     remote = n - topo.local(n) if colocated else n
-    return 2 * (topo.inter.alpha_s + remote * m / topo.inter.bandwidth)
+    return topo.inter.alpha_s + remote * m / topo.inter.bandwidth

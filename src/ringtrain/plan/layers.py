@@ -43,19 +43,29 @@ __all__ = [
 
 @dataclass(frozen=True)
 class Layer:
-    """One layer in forward order: its parameters and forward cost per sample."""
+    """One layer in forward order: its gradient tensors and forward cost per sample."""
 
     name: str
-    params: int
-    #: Number of separate gradient tensors (weight, bias, BN gamma/beta...). Frameworks
-    #: pay a fixed cost per tensor (a hook, a launch, a negotiation), so it matters.
-    tensors: int
+    #: Elements of each gradient tensor (weight, bias, BN gamma/beta...). Frameworks pay
+    #: a fixed cost per tensor (a hook, a launch, a negotiation) and parameter servers
+    #: place whole tensors, so the split matters, not only the sum.
+    sizes: tuple[int, ...]
     #: Forward multiply-accumulates for one sample.
     macs: float
 
     def __post_init__(self) -> None:
-        if self.params < 0 or self.tensors < 0 or self.macs < 0:
-            raise ConfigError(f"layer {self.name!r}: counts must be >= 0, got {self}")
+        if not self.sizes or min(self.sizes) < 0 or self.macs < 0:
+            raise ConfigError(f"layer {self.name!r}: needs >= 1 tensor and counts >= 0, got {self}")
+
+    @property
+    def params(self) -> int:
+        """Parameters of the layer (sum over its tensors)."""
+        return sum(self.sizes)
+
+    @property
+    def tensors(self) -> int:
+        """Number of gradient tensors of the layer."""
+        return len(self.sizes)
 
 
 def total_params(layers: list[Layer]) -> int:
@@ -74,13 +84,12 @@ def _conv(
 ) -> Layer:
     """A convolution (+ batch norm) whose output is ``hw_out`` pixels."""
     weights = cin * cout * kh * kw
-    params = weights + (cout if bias else 0) + (2 * cout if bn else 0)
-    tensors = 1 + (1 if bias else 0) + (2 if bn else 0)
-    return Layer(name, params, tensors, float(weights * hw_out[0] * hw_out[1]))
+    sizes = (weights,) + ((cout,) if bias else ()) + ((cout, cout) if bn else ())
+    return Layer(name, sizes, float(weights * hw_out[0] * hw_out[1]))
 
 
 def _linear(name: str, fin: int, fout: int) -> Layer:
-    return Layer(name, fin * fout + fout, 2, float(fin * fout))
+    return Layer(name, (fin * fout, fout), float(fin * fout))
 
 
 # ---------------------------------------------------------------- ResNet
@@ -216,7 +225,7 @@ def from_param_count(params: int, *, name: str = "custom") -> list[Layer]:
     """
     if params <= 0:
         raise ConfigError(f"parameter count must be > 0, got {params}; pass e.g. --params 25e6")
-    return [Layer(name, int(params), 1, 1.0)]
+    return [Layer(name, (int(params),), 1.0)]
 
 
 def from_module(module: Any, example_input: Any = None) -> list[Layer]:
@@ -262,6 +271,6 @@ def from_module(module: Any, example_input: Any = None) -> list[Layer]:
     layers = []
     for key, mod in owners:
         own = [p for p in mod.parameters(recurse=False) if p.requires_grad]
-        count = sum(p.numel() for p in own)
-        layers.append(Layer(key, count, len(own), macs.get(key, float(count))))
+        sizes = tuple(int(p.numel()) for p in own)
+        layers.append(Layer(key, sizes, macs.get(key, float(sum(sizes)))))
     return layers

@@ -33,11 +33,12 @@ N normal variables, Blom's approximation).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from statistics import NormalDist
 
 from ringtrain.errors import ConfigError
-from ringtrain.plan.cost import allreduce_time, check_strategy, ps_tensor_time
+from ringtrain.plan.cost import allreduce_time, check_strategy, ps_one_way
 from ringtrain.plan.layers import Layer
 from ringtrain.plan.network import Topology
 
@@ -85,8 +86,9 @@ FRAMEWORKS: dict[str, Framework] = {
                      note="PyTorch DistributedDataParallel"),
     # Horovod 2018 defaults: HOROVOD_FUSION_THRESHOLD 64 MB, HOROVOD_CYCLE_TIME 5 ms.
     "horovod": Framework("horovod", 64 * 2**20, cycle_s=5e-3, note="Horovod tensor fusion"),
-    # TensorFlow/Caffe2 style: one exchange per layer as soon as it is ready, no fusion.
-    "per-layer": Framework("per-layer", 0.0, note="an exchange per layer, no fusion"),
+    # TensorFlow (parameter servers) and Caffe2 (Goyal et al.): one exchange per gradient
+    # tensor as soon as it is ready, no fusion.
+    "per-tensor": Framework("per-tensor", 0.0, note="an exchange per gradient tensor, no fusion"),
     # A single flat allreduce of every gradient after backward (the simplest loop).
     "flat": Framework("flat", math.inf, overlap=False, note="one allreduce after backward"),
 }
@@ -163,27 +165,50 @@ def straggler_factor(gpus: int, cv: float) -> float:
     return 1.0 + cv * NormalDist().inv_cdf((gpus - 0.375) / (gpus + 0.25))
 
 
-def _ready_times(sc: Scenario, gpus: int) -> tuple[list[float], list[float], float]:
-    """Gradient bytes and ready time per layer in backward order, and the end of backward."""
+@dataclass(frozen=True)
+class _Timeline:
+    """Gradient tensors in backward order with their ready times (step starts at 0)."""
+
+    sizes: list[float]
+    ready: list[float]
+    #: Forward-order index of the layer each tensor belongs to.
+    layer: list[int]
+    #: When the next step's forward reaches each layer (offset from that step's start).
+    use: list[float]
+    backward_end: float
+
+
+def _timeline(sc: Scenario, gpus: int) -> _Timeline:
     stretch = straggler_factor(gpus, sc.jitter_cv)
     fwd = sc.compute_s * (1 - sc.backward_fraction) * stretch
     bwd = sc.compute_s * sc.backward_fraction * stretch
     macs = sum(layer.macs for layer in sc.layers) or 1.0
+    before, use = 0.0, []
+    for layer in sc.layers:
+        use.append(fwd * before / macs)
+        before += layer.macs
     per_tensor = sc.framework.per_tensor_s
-    t, sizes, ready = fwd, [], []
-    for layer in reversed(sc.layers):
-        t += bwd * layer.macs / macs + per_tensor * layer.tensors
-        sizes.append(layer.params * float(sc.wire_bytes))
-        ready.append(t)
+    t = fwd
+    sizes: list[float] = []
+    ready: list[float] = []
+    owner: list[int] = []
+    for idx in reversed(range(len(sc.layers))):
+        layer = sc.layers[idx]
+        t += bwd * layer.macs / macs
+        for size in layer.sizes:
+            t += per_tensor
+            sizes.append(size * float(sc.wire_bytes))
+            ready.append(t)
+            owner.append(idx)
     if not sc.framework.overlap:
         ready = [t] * len(ready)
-    return sizes, ready, t
+    return _Timeline(sizes, ready, owner, use, t)
 
 
-def _buckets(sc: Scenario, sizes: list[float], ready: list[float], cost: object) -> tuple[float, float, int]:
+def _buckets(sc: Scenario, tl: _Timeline, cost: Callable[[float], float]) -> tuple[float, float, int]:
     """Run the buckets through one channel; return (end of last exchange, busy time, count)."""
     fw = sc.framework
-    time_of = cost  # type: ignore[assignment]
+    sizes, ready = tl.sizes, tl.ready
     free, busy, count, i, n = 0.0, 0.0, 0, 0, len(sizes)
     while i < n:
         cap = fw.bucket_bytes
@@ -202,40 +227,54 @@ def _buckets(sc: Scenario, sizes: list[float], ready: list[float], cost: object)
                 size += sizes[j]
                 j += 1
             start = max(free, ready[j - 1])
-        took = time_of(size)  # type: ignore[operator]
+        took = cost(size)
         free, busy, count, i = start + took, busy + took, count + 1, j
     return free, busy, count
 
 
-def _parameter_servers(sc: Scenario, gpus: int, sizes: list[float], ready: list[float]) -> tuple[float, float, int]:
-    """Servers as parallel channels; each layer's tensors live on one server."""
+def _parameter_servers(sc: Scenario, gpus: int, tl: _Timeline) -> tuple[float, float, int]:
+    """Servers as parallel full-duplex channels, pipelined with the next forward.
+
+    Each tensor is pushed by every worker to its server as soon as it is ready
+    (server inbound) and pulled back once all pushes are in (server outbound). The
+    next step reads a variable only when its forward reaches that layer, so pulls
+    overlap the next forward; the step period is the longest of: compute, the
+    busiest direction of any server or worker NIC, and, per tensor, the time from
+    its gradient being ready to it being back, minus how far into forward it is used.
+    Returns (period, busy time, tensors).
+    """
     topo = sc.topology
     hosts = topo.hosts(gpus)
     shards = sc.ps_shards or hosts
-    # Greedy placement by bytes in creation (forward) order, like TensorFlow's
+    n = len(tl.sizes)
+    # Greedy placement in creation (forward) order, like TensorFlow's
     # GreedyLoadBalancingStrategy: each variable goes to the least-loaded server.
     load = [0.0] * shards
-    owner = [0] * len(sizes)
-    for idx in reversed(range(len(sizes))):
+    server = [0] * n
+    for i in reversed(range(n)):
         s = min(range(shards), key=load.__getitem__)
-        owner[idx] = s
-        load[s] += sizes[idx]
-    free = [0.0] * shards
-    busy = 0.0
-    for idx in range(len(sizes)):  # backward order
-        took = ps_tensor_time(sizes[idx], gpus, topo, colocated=sc.ps_colocated)
-        s = owner[idx]
-        free[s] = max(free[s], ready[idx]) + took
-        busy += took
-    end = max(free)
+        server[i] = s
+        load[s] += tl.sizes[i]
+    inbound, outbound = [0.0] * shards, [0.0] * shards
+    busy, period = 0.0, tl.backward_end
+    for i in range(n):  # backward order
+        took = ps_one_way(tl.sizes[i], gpus, topo, colocated=sc.ps_colocated)
+        s = server[i]
+        inbound[s] = max(inbound[s], tl.ready[i]) + took
+        outbound[s] = max(outbound[s], inbound[s]) + took
+        busy += 2 * took
+        period = max(period, outbound[s] - tl.use[tl.layer[i]])
+    per_server = [0.0] * shards
+    for i in range(n):
+        per_server[server[i]] += ps_one_way(tl.sizes[i], gpus, topo, colocated=sc.ps_colocated)
+    period = max(period, max(per_server))
     if hosts > 1:
-        # Worker side: a host's GPUs push everything not served locally and pull it back.
-        total = sum(sizes)
+        # Worker side: each host's GPUs push what its own servers do not hold.
+        total = sum(tl.sizes)
         local = min(sum(load[s] for s in range(shards) if s % hosts == h) for h in range(hosts))
         remote = total - local if sc.ps_colocated else total
-        nic = 2 * (topo.inter.alpha_s + topo.local(gpus) * remote / topo.inter.bandwidth)
-        end = max(end, ready[0] + nic)
-    return end, busy, len(sizes)
+        period = max(period, topo.inter.alpha_s + topo.local(gpus) * remote / topo.inter.bandwidth)
+    return period, busy, n
 
 
 def simulate(sc: Scenario, gpus: int, baseline_gpus: int = 1) -> StepBreakdown:
@@ -247,16 +286,17 @@ def simulate(sc: Scenario, gpus: int, baseline_gpus: int = 1) -> StepBreakdown:
     """
     if gpus < 1:
         raise ConfigError(f"number of GPUs must be >= 1, got {gpus}")
-    sizes, ready, backward_end = _ready_times(sc, gpus)
+    tl = _timeline(sc, gpus)
+    backward_end = tl.backward_end
     if gpus == 1:
         end, busy, count = backward_end, 0.0, 0
     elif sc.strategy == "ps":
-        end, busy, count = _parameter_servers(sc, gpus, sizes, ready)
+        end, busy, count = _parameter_servers(sc, gpus, tl)
     else:
         def cost(m: float) -> float:
             return allreduce_time(sc.strategy, m, gpus, sc.topology, inter=sc.inter)
 
-        end, busy, count = _buckets(sc, sizes, ready, cost)
+        end, busy, count = _buckets(sc, tl, cost)
     step = max(backward_end, end)
     if baseline_gpus == 1:
         base = sc.compute_s

@@ -1,0 +1,33 @@
+# Two commands for a new machine:  make demo   and   make test
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+# A CPU wheel of this exact version lies on local disk on our machines; an unpinned
+# torch would pull a multi-GB CUDA build.
+TORCH_PIN := torch==2.13.0
+
+.PHONY: demo test bench clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+
+$(VENV)/.installed-demo: $(BIN)/python pyproject.toml
+	$(BIN)/pip install -q $(TORCH_PIN)
+	$(BIN)/pip install -q -e '.[examples,progress]'
+	touch $@
+
+$(VENV)/.installed-dev: $(BIN)/python pyproject.toml
+	$(BIN)/pip install -q $(TORCH_PIN)
+	$(BIN)/pip install -q -e '.[dev]'
+	touch $@ $(VENV)/.installed-demo
+
+demo: $(VENV)/.installed-demo
+	rm -rf runs/demo
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/ringrun -np 2 python examples/mnist_cnn.py --checkpoint-dir runs/demo
+
+test: $(VENV)/.installed-dev
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -q tests
+
+clean:
+	rm -rf $(VENV) runs build *.egg-info src/*.egg-info

@@ -1,0 +1,394 @@
+"""Loader worker processes and the training process's handle on them.
+
+Protocol (small tuples over one duplex socket per worker; array data never crosses
+it except on the rare fallback path):
+
+parent -> worker                              worker -> parent
+  (TASK, seq, plan_id, batch, slot_id)          (OK, seq, slot_id, spec)
+  (PLAN, plan_id, EpochPlan)  once per epoch    (BIG, seq, slot_id, spec, nbytes) + bytes
+  (MAP, slot_id, size) + descriptor, once       (ERR, seq, slot_id, message)
+  (UNMAP, slot_id) / (STOP,)
+
+A worker computes the indices of its batch itself from the plan, loads the samples,
+collates them straight into the slot and answers with the slot id and a spec of the
+fields. ``BIG`` carries a batch that did not fit its slot (or came before slots were
+sized) as raw bytes, so variable shapes still work.
+
+Start method: ``fork`` where available, like torch's DataLoader on Linux: start-up is
+milliseconds and the dataset is shared copy-on-write. The parent of a loader starts
+no threads of its own (no pin-memory thread: slots are page-locked in place), so
+fork is safe here; pass ``start_method="forkserver"`` or ``"spawn"`` when *your*
+process runs threads that hold locks at fork time (dataset and collate_fn must then
+be picklable).
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing as mp
+import os
+import random
+import signal
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection, wait
+from multiprocessing.reduction import recv_handle, send_handle
+from typing import Any
+
+import numpy as np
+import torch
+
+from ringtrain.data.collate import Arena, SlotFull, default_collate, fresh_alloc, pack, spec_nbytes
+from ringtrain.data.order import BatchIndexer, EpochPlan, batch_seed
+from ringtrain.data.shm import Slot, WorkerSlots
+from ringtrain.errors import DataError, WorkerDiedError
+
+__all__ = ["WorkerInfo", "get_worker_info", "WorkerPool", "fetch", "TASK", "OK", "BIG", "ERR"]
+
+log = logging.getLogger("ringtrain.data")
+
+TASK, PLAN, MAP, UNMAP, STOP = 0, 1, 2, 3, 4
+OK, BIG, ERR = 0, 1, 2
+
+
+@dataclass(frozen=True)
+class WorkerInfo:
+    """What a dataset can ask inside a loader worker (``None`` in the main process)."""
+
+    id: int
+    num_workers: int
+    seed: int
+    dataset: Any
+
+
+_WORKER_INFO: WorkerInfo | None = None
+
+
+def get_worker_info() -> WorkerInfo | None:
+    """The current loader worker, or ``None`` in the training process."""
+    return _WORKER_INFO
+
+
+class SampleError(Exception):
+    """A dataset call failed; carries the sample index (or indices) it was asked for."""
+
+    def __init__(self, index: Any) -> None:
+        super().__init__(index)
+        self.index = index
+
+
+def fetch(dataset: Any, indices: np.ndarray) -> list[Any]:
+    """Load the samples at ``indices``, batched through ``__getitems__`` when offered."""
+    getitems = getattr(dataset, "__getitems__", None)
+    idx = indices.tolist()
+    if getitems is not None:
+        try:
+            return list(getitems(idx))
+        except Exception as err:
+            raise SampleError(idx) from err
+    samples = []
+    append = samples.append
+    i = -1
+    try:
+        for i in idx:
+            append(dataset[i])
+    except Exception as err:
+        raise SampleError(i) from err
+    return samples
+
+
+# ---- the worker process ------------------------------------------------------------
+def _seed_batch(seed: int) -> None:
+    # Augmentations draw from the global RNGs; seeding them per batch from its
+    # position makes them independent of which worker got the batch, and resumable.
+    random.seed(seed)
+    np.random.seed(seed & 0xFFFFFFFF)
+    torch.manual_seed(seed)
+
+
+def _worker_main(wid: int, num_workers: int, conn: Connection, dataset: Any,
+                 collate_fn: Callable[[list[Any]], Any] | None, seed: int,
+                 seed_batches: bool, worker_init_fn: Callable[[int], None] | None,
+                 parent_pid: int) -> None:
+    global _WORKER_INFO
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the training process's job
+    torch.set_num_threads(1)  # workers share the cores with the training process
+    _WORKER_INFO = WorkerInfo(wid, num_workers, seed, dataset)
+    slots = WorkerSlots()
+    indexers: dict[int, BatchIndexer] = {}
+    if worker_init_fn is not None:
+        try:
+            worker_init_fn(wid)
+        except Exception:
+            conn.send((ERR, -1, -1, "worker_init_fn raised:\n" + traceback.format_exc()))
+            return
+    while True:
+        if not conn.poll(1.0):
+            if os.getppid() != parent_pid:
+                return  # the training process is gone: exit instead of lingering
+            continue
+        try:
+            msg = conn.recv()
+        except (EOFError, OSError):
+            return
+        kind = msg[0]
+        if kind == TASK:
+            _, seq, plan_id, batch, slot_id = msg
+            _run_task(conn, seq, indexers[plan_id], batch, slot_id, slots, dataset,
+                      collate_fn, seed_batches)
+        elif kind == PLAN:
+            indexers = {k: v for k, v in indexers.items() if k >= msg[1] - 1}
+            indexers[msg[1]] = BatchIndexer(msg[2])
+        elif kind == MAP:
+            slots.add(msg[1], recv_handle(conn), msg[2])
+        elif kind == UNMAP:
+            slots.drop(msg[1])
+        else:
+            slots.close()
+            return
+
+
+def _run_task(conn: Connection, seq: int, indexer: BatchIndexer, batch: int, slot_id: int,
+              slots: WorkerSlots, dataset: Any, collate_fn: Callable[[list[Any]], Any] | None,
+              seed_batches: bool) -> None:
+    plan = indexer.plan
+    try:
+        indices = indexer(batch)
+        if seed_batches:
+            _seed_batch(batch_seed(plan.seed, plan.epoch, plan.rank,
+                                   plan.start + batch * plan.batch_size * plan.world_size))
+        samples = fetch(dataset, indices)
+        out: Any = None
+        if slot_id >= 0:
+            arena = Arena(slots.array(slot_id))
+            try:
+                out = default_collate(samples, arena.alloc) if collate_fn is None \
+                    else collate_fn(samples)
+                conn.send((OK, seq, slot_id, pack(out, arena)))
+                return
+            except SlotFull:
+                pass  # too big for the slot: send it whole, the parent grows the slots
+        if out is None or collate_fn is None:
+            out = default_collate(samples, fresh_alloc) if collate_fn is None \
+                else collate_fn(samples)
+        arena = Arena(np.empty(spec_nbytes(out), dtype=np.uint8))
+        spec = pack(out, arena)
+        conn.send((BIG, seq, slot_id, spec, arena.used))
+        conn.send_bytes(arena.buf[:arena.used])
+    except SampleError as err:
+        cause = err.__cause__ or err
+        where = (f"sample index {err.index}" if isinstance(err.index, int)
+                 else f"__getitems__ for sample indices {_short(err.index)}")
+        conn.send((ERR, seq, slot_id, f"{type(cause).__name__} at {where}:\n"
+                   + "".join(traceback.format_exception(cause))))
+    except Exception as err:
+        conn.send((ERR, seq, slot_id, f"{type(err).__name__} while collating sample indices "
+                   f"{_short(indexer(batch).tolist())}:\n" + traceback.format_exc()))
+
+
+def _short(items: list[int]) -> str:
+    return str(items) if len(items) <= 8 else f"[{', '.join(map(str, items[:8]))}, ...]"
+
+
+# ---- the training process's side ---------------------------------------------------
+@dataclass
+class _Worker:
+    wid: int
+    proc: Any  # multiprocessing.process.BaseProcess
+    conn: Connection
+    outstanding: set[int] = field(default_factory=set)
+    slots: set[int] = field(default_factory=set)
+    plans: set[int] = field(default_factory=set)
+    retiring: bool = False
+
+
+class WorkerPool:
+    """Starts, feeds, watches and stops the worker processes."""
+
+    def __init__(self, dataset: Any, collate_fn: Callable[[list[Any]], Any] | None,
+                 seed: int, seed_batches: bool = True, start_method: str | None = None,
+                 worker_init_fn: Callable[[int], None] | None = None,
+                 per_worker: int = 2) -> None:
+        if start_method is None:
+            start_method = "fork" if "fork" in mp.get_all_start_methods() else "spawn"
+        try:
+            self._ctx = mp.get_context(start_method)
+        except ValueError:
+            raise DataError(f"unknown start_method {start_method!r}; use one of "
+                            f"{mp.get_all_start_methods()}") from None
+        self._dataset = dataset
+        self._collate_fn = collate_fn
+        self._seed = seed
+        self._seed_batches = seed_batches
+        self._init_fn = worker_init_fn
+        self.per_worker = per_worker
+        self.workers: list[_Worker] = []
+        self._next_wid = 0
+        self.target = 0
+        self.closed = False
+        self.owner: dict[int, _Worker] = {}  # seq -> worker
+
+    # ---- size ------------------------------------------------------------------------
+    @property
+    def active(self) -> list[_Worker]:
+        return [w for w in self.workers if not w.retiring]
+
+    def resize(self, n: int) -> None:
+        """Run ``n`` workers: start new ones now, retire extra ones once idle."""
+        self.target = n
+        active = self.active
+        for w in active[n:]:
+            w.retiring = True
+            self._stop_if_idle(w)
+        for _ in range(n - len(active)):
+            self._start_one(n)
+
+    def _start_one(self, n: int) -> None:
+        parent_conn, child_conn = self._ctx.Pipe(duplex=True)
+        wid = self._next_wid
+        self._next_wid += 1
+        proc = self._ctx.Process(
+            target=_worker_main, name=f"ringtrain-loader-{wid}", daemon=True,
+            args=(wid, n, child_conn, self._dataset, self._collate_fn, self._seed,
+                  self._seed_batches, self._init_fn, os.getpid()))
+        proc.start()
+        child_conn.close()  # so the worker's end lives only in the worker
+        self.workers.append(_Worker(wid, proc, parent_conn))
+        log.debug("started loader worker %d (pid %d)", wid, proc.pid)
+
+    def _stop_if_idle(self, w: _Worker) -> None:
+        if w.retiring and not w.outstanding:
+            try:
+                w.conn.send((STOP,))
+            except OSError:
+                pass
+
+    # ---- feeding ---------------------------------------------------------------------
+    def pick(self) -> _Worker | None:
+        """The least busy worker that can take another task, if any."""
+        best = None
+        for w in self.workers:
+            if not w.retiring and len(w.outstanding) < self.per_worker and (
+                    best is None or len(w.outstanding) < len(best.outstanding)):
+                best = w
+        return best
+
+    def submit(self, w: _Worker, seq: int, plan_id: int, plan: EpochPlan, batch: int,
+               slot: Slot | None) -> None:
+        try:
+            if plan_id not in w.plans:
+                w.conn.send((PLAN, plan_id, plan))
+                w.plans.add(plan_id)
+            if slot is not None and slot.id not in w.slots:
+                w.conn.send((MAP, slot.id, slot.size))
+                send_handle(w.conn, slot.fd, w.proc.pid)
+                w.slots.add(slot.id)
+            w.conn.send((TASK, seq, plan_id, batch, -1 if slot is None else slot.id))
+        except OSError:
+            self._raise_died(w, seq)
+        w.outstanding.add(seq)
+        self.owner[seq] = w
+
+    def forget_slots(self, slot_ids: list[int]) -> None:
+        """Tell workers to unmap retired slots (their memory is freed with the last map)."""
+        for w in self.workers:
+            for sid in slot_ids:
+                if sid in w.slots:
+                    w.slots.discard(sid)
+                    try:
+                        w.conn.send((UNMAP, sid))
+                    except OSError:
+                        pass
+
+    # ---- results ---------------------------------------------------------------------
+    def poll(self, timeout: float | None) -> list[tuple]:
+        """Messages from the workers within ``timeout`` s; raises if one died."""
+        conns = {w.conn: w for w in self.workers}
+        sentinels = {w.proc.sentinel: w for w in self.workers}
+        out: list[tuple] = []
+        ready = wait(list(conns) + list(sentinels), timeout)
+        for obj in ready:
+            w = conns.get(obj)  # type: ignore[call-overload]
+            if w is not None:
+                self._drain(w, out)
+        for obj in ready:
+            w = sentinels.get(obj)  # type: ignore[call-overload]
+            if w is not None and w in self.workers:
+                self._drain(w, out)
+                self._exited(w)
+        return out
+
+    def _drain(self, w: _Worker, out: list[tuple]) -> None:
+        try:
+            while w.conn.poll():
+                msg = w.conn.recv()
+                if msg[0] == BIG:
+                    buf = bytearray(msg[4])
+                    w.conn.recv_bytes_into(buf)
+                    msg = (*msg, buf)
+                if msg[1] == -1:  # worker_init_fn failed
+                    from ringtrain.errors import WorkerError
+                    raise WorkerError(f"loader worker {w.wid} (pid {w.proc.pid}): {msg[3]}")
+                w.outstanding.discard(msg[1])
+                self.owner.pop(msg[1], None)
+                out.append(msg)
+        except (EOFError, OSError):
+            pass  # the sentinel reports the death
+        self._stop_if_idle(w)
+
+    def _exited(self, w: _Worker) -> None:
+        w.proc.join(timeout=1.0)
+        if w.retiring and not w.outstanding:
+            self.workers.remove(w)
+            w.conn.close()
+            return
+        self._raise_died(w, min(w.outstanding) if w.outstanding else None)
+
+    def _raise_died(self, w: _Worker, seq: int | None) -> None:
+        code = w.proc.exitcode
+        if code is None:
+            how = "stopped answering"
+        elif code < 0:
+            try:
+                how = f"was killed by {signal.Signals(-code).name}"
+            except ValueError:
+                how = f"was killed by signal {-code}"
+        else:
+            how = f"exited with status {code}"
+        raise WorkerDiedError(
+            f"loader worker {w.wid} (pid {w.proc.pid}) {how}"
+            + ("" if seq is None else f" while loading batch seq {seq}")
+            + "; if it ran out of memory (see `dmesg`), lower num_workers, batch_size "
+            "or prefetch")
+
+    # ---- shutdown --------------------------------------------------------------------
+    def close(self, timeout: float = 2.0) -> None:
+        """Stop every worker: ask, then terminate, then kill; never hangs."""
+        if self.closed:
+            return
+        self.closed = True
+        for w in self.workers:
+            try:
+                w.conn.send((STOP,))
+            except OSError:
+                pass
+        deadline = time.monotonic() + timeout
+        for w in self.workers:
+            w.proc.join(max(0.0, deadline - time.monotonic()))
+        for w in self.workers:
+            if w.proc.is_alive():
+                w.proc.terminate()
+                w.proc.join(1.0)
+            if w.proc.is_alive():
+                w.proc.kill()
+                w.proc.join(1.0)
+            w.conn.close()
+        self.workers.clear()
+        self.owner.clear()
+
+
+def _unused() -> None:  # pragma: no cover
+    sys.exit(0)

@@ -1,0 +1,159 @@
+"""``ringrun``: start a data-parallel job, horovodrun-style.
+
+    ringrun -np 4 python train.py
+    ringrun -np 16 -H server1:4,server2:4,server3:4,server4:4 python train.py
+    ringrun -np 8 --hostfile hosts.txt --max-restarts 3 python train.py
+
+Parsing and checking are pure (``build_config``); ``main`` is the only place that
+turns errors into a message and an exit code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+from pathlib import Path
+
+from ringtrain.errors import ConfigError, RingtrainError
+from ringtrain.launch.hosts import Host, is_local_host, parse_hostfile, parse_hosts, place_ranks
+from ringtrain.launch.job import JobConfig, run_job
+
+__all__ = ["main", "build_parser", "build_config"]
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # type: ignore[override]
+        # One line instead of argparse's usage block; main prints it.
+        raise ConfigError(f"{message} (see 'ringrun --help')")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(
+        prog="ringrun",
+        description="Start N copies of a training script with the ringtrain environment.",
+        epilog="Example: ringrun -np 2 python examples/mnist_cnn.py",
+    )
+    p.add_argument("-np", "--num-proc", dest="np", type=int, required=True,
+                   help="number of processes (ranks) to start")
+    hosts = p.add_mutually_exclusive_group()
+    hosts.add_argument("-H", "--hosts", help="hosts and slots, e.g. server1:4,server2:4 (default localhost)")
+    hosts.add_argument("--hostfile", help="file with lines 'host slots=N'")
+    p.add_argument("--max-restarts", type=int, default=0,
+                   help="restart the whole job up to K times when a worker dies (default 0)")
+    p.add_argument("--output-filename", metavar="DIR",
+                   help="write each rank's output to DIR/rank.N.log instead of the terminal")
+    p.add_argument("--no-prefix", action="store_true", help="do not prefix output lines with [rank]")
+    p.add_argument("-p", "--ssh-port", type=int, help="ssh port of the remote hosts")
+    p.add_argument("-i", "--ssh-identity-file", help="ssh private key for the remote hosts")
+    p.add_argument("-x", dest="export", action="append", default=[], metavar="VAR[=VALUE]",
+                   help="pass an environment variable to every worker (repeatable)")
+    p.add_argument("--network-interface", help="interface (e.g. eth1) for the rendezvous and Gloo/NCCL traffic")
+    p.add_argument("--master-addr", help="address of rank 0's host that all hosts can reach")
+    p.add_argument("--master-port", type=int, help="rendezvous port (default: a free one)")
+    p.add_argument("--start-timeout", type=float, default=30.0,
+                   help="seconds to wait for remote hosts to come up (default 30)")
+    p.add_argument("--backend", choices=["auto", "gloo", "nccl"], help="sets RINGTRAIN_BACKEND")
+    p.add_argument("--stall-timeout", type=float, help="sets RINGTRAIN_STALL_TIMEOUT (seconds)")
+    p.add_argument("--fusion-mb", type=float, help="sets RINGTRAIN_FUSION_MB")
+    p.add_argument("--timeline", help="sets RINGTRAIN_TIMELINE: write a Chrome trace to this path")
+    p.add_argument("--no-progress", action="store_true", help="sets RINGTRAIN_PROGRESS=0")
+    p.add_argument("command", nargs=argparse.REMAINDER, help="the command to run, e.g. python train.py")
+    return p
+
+
+def _check_command(command: list[str]) -> None:
+    if not command:
+        raise ConfigError("no command given; e.g. 'ringrun -np 2 python train.py'")
+    exe = command[0]
+    if os.sep in exe:
+        if not os.access(exe, os.X_OK):
+            raise ConfigError(f"command {exe!r} does not exist or is not executable; check the path")
+    elif shutil.which(exe) is None:
+        raise ConfigError(f"command {exe!r} not found on PATH; check the spelling or use a full path")
+    if Path(exe).name.startswith("python") and len(command) > 1:
+        script = command[1]
+        if script.endswith(".py") and not script.startswith("-") and not Path(script).is_file():
+            raise ConfigError(f"script {script!r} does not exist (working directory {os.getcwd()})")
+
+
+def _settings_env(args: argparse.Namespace) -> dict[str, str]:
+    env: dict[str, str] = {}
+    for flag in ("backend", "stall_timeout", "fusion_mb", "timeline"):
+        value = getattr(args, flag)
+        if value is not None:
+            if flag in ("stall_timeout", "fusion_mb") and value <= 0:
+                raise ConfigError(f"--{flag.replace('_', '-')} must be > 0, got {value}")
+            env[f"RINGTRAIN_{flag.upper()}"] = str(value)
+    if args.no_progress:
+        env["RINGTRAIN_PROGRESS"] = "0"
+    if args.network_interface:
+        env["GLOO_SOCKET_IFNAME"] = args.network_interface
+        env["NCCL_SOCKET_IFNAME"] = args.network_interface
+    return env
+
+
+def _exports(items: list[str]) -> dict[str, str]:
+    env = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not name.isidentifier():
+            raise ConfigError(f"-x {item!r}: {name!r} is not a variable name; use -x NAME or -x NAME=VALUE")
+        if not sep:
+            if name not in os.environ:
+                raise ConfigError(f"-x {name}: {name} is not set here; set it or use -x {name}=VALUE")
+            value = os.environ[name]
+        env[name] = value
+    return env
+
+
+def build_config(argv: list[str]) -> JobConfig:
+    args = build_parser().parse_args(argv)
+    command = list(args.command)
+    if command and command[0] == "--":
+        command = command[1:]
+    _check_command(command)
+    if args.max_restarts < 0:
+        raise ConfigError(f"--max-restarts must be >= 0, got {args.max_restarts}")
+    if args.master_port is not None and not 0 < args.master_port < 65536:
+        raise ConfigError(f"--master-port {args.master_port} is not a TCP port; use 1..65535")
+    if args.hosts:
+        hosts = parse_hosts(args.hosts)
+    elif args.hostfile:
+        hosts = parse_hostfile(args.hostfile)
+    else:
+        hosts = [Host("localhost", max(1, args.np))]
+    placements = place_ranks(hosts, args.np)
+    remote = sorted({p.host for p in placements if not is_local_host(p.host)})
+    if remote:
+        raise ConfigError(
+            f"hosts {', '.join(remote)} are remote; multi-host launch over ssh is not available "
+            "in this version: run on localhost"
+        )
+    return JobConfig(
+        command=tuple(command),
+        placements=tuple(placements),
+        max_restarts=args.max_restarts,
+        output_dir=args.output_filename,
+        prefix_output=not args.no_prefix,
+        extra_env=_exports(args.export),
+        master_addr=args.master_addr,
+        master_port=args.master_port,
+        settings_env=_settings_env(args),
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        cfg = build_config(list(sys.argv[1:] if argv is None else argv))
+        return run_job(cfg)
+    except RingtrainError as exc:
+        print(f"ringrun: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
