@@ -31,7 +31,7 @@ from ringtrain.collectives import (
     reducescatter,
     synchronize,
 )
-from ringtrain.broadcast import broadcast_optimizer_state, broadcast_parameters
+from ringtrain.replicate import broadcast_optimizer_state, broadcast_parameters
 from ringtrain.compression import Compression
 from ringtrain.optimizer import DistributedOptimizer
 from ringtrain.schedule import scale_lr, warmup

@@ -29,7 +29,6 @@ import multiprocessing as mp
 import os
 import random
 import signal
-import sys
 import time
 import traceback
 from collections.abc import Callable
@@ -44,7 +43,7 @@ import torch
 from ringtrain.data.collate import Arena, SlotFull, default_collate, fresh_alloc, pack, spec_nbytes
 from ringtrain.data.order import BatchIndexer, EpochPlan, batch_seed
 from ringtrain.data.shm import Slot, WorkerSlots
-from ringtrain.errors import DataError, WorkerDiedError
+from ringtrain.errors import DataError, WorkerDiedError, WorkerError
 
 __all__ = ["WorkerInfo", "get_worker_info", "WorkerPool", "fetch", "TASK", "OK", "BIG", "ERR"]
 
@@ -123,7 +122,8 @@ def _worker_main(wid: int, num_workers: int, conn: Connection, dataset: Any,
         try:
             worker_init_fn(wid)
         except Exception:
-            conn.send((ERR, -1, -1, "worker_init_fn raised:\n" + traceback.format_exc()))
+            conn.send((ERR, -1, -1, f"{_who()}: worker_init_fn raised:\n"
+                       + traceback.format_exc().rstrip()))
             return
     while True:
         if not conn.poll(1.0):
@@ -182,11 +182,18 @@ def _run_task(conn: Connection, seq: int, indexer: BatchIndexer, batch: int, slo
         cause = err.__cause__ or err
         where = (f"sample index {err.index}" if isinstance(err.index, int)
                  else f"__getitems__ for sample indices {_short(err.index)}")
-        conn.send((ERR, seq, slot_id, f"{type(cause).__name__} at {where}:\n"
-                   + "".join(traceback.format_exception(cause))))
+        conn.send((ERR, seq, slot_id, f"{_who()} raised {type(cause).__name__} at {where} "
+                   f"(batch {batch} of epoch {plan.epoch}):\n"
+                   + "".join(traceback.format_exception(cause)).rstrip()))
     except Exception as err:
-        conn.send((ERR, seq, slot_id, f"{type(err).__name__} while collating sample indices "
-                   f"{_short(indexer(batch).tolist())}:\n" + traceback.format_exc()))
+        conn.send((ERR, seq, slot_id, f"{_who()} raised {type(err).__name__} while collating "
+                   f"sample indices {_short(indexer(batch).tolist())} (batch {batch} of epoch "
+                   f"{plan.epoch}):\n" + traceback.format_exc().rstrip()))
+
+
+def _who() -> str:
+    info = _WORKER_INFO
+    return f"loader worker {info.id if info else '?'} (pid {os.getpid()})"
 
 
 def _short(items: list[int]) -> str:
@@ -330,8 +337,7 @@ class WorkerPool:
                     w.conn.recv_bytes_into(buf)
                     msg = (*msg, buf)
                 if msg[1] == -1:  # worker_init_fn failed
-                    from ringtrain.errors import WorkerError
-                    raise WorkerError(f"loader worker {w.wid} (pid {w.proc.pid}): {msg[3]}")
+                    raise WorkerError(msg[3])
                 w.outstanding.discard(msg[1])
                 self.owner.pop(msg[1], None)
                 out.append(msg)
@@ -389,6 +395,3 @@ class WorkerPool:
         self.workers.clear()
         self.owner.clear()
 
-
-def _unused() -> None:  # pragma: no cover
-    sys.exit(0)

@@ -1,0 +1,133 @@
+"""The point-to-point channel ring and ps run on: a private Gloo group and one thread.
+
+Why a private group: with Gloo a process group runs its operations in the order they
+are issued, so p2p traffic issued from a background thread on the default group could
+interleave with the collectives the main thread issues there, in a different order on
+each rank. A group of our own keeps the two streams apart. It is built directly as a
+``ProcessGroupGloo`` on a key prefix of the job's store, not with ``dist.new_group``:
+``new_group`` numbers groups by a process-wide counter, so any other code calling it in
+a different order on some rank would pair up the wrong groups.
+
+Why a thread: ring and ps are many rounds of send/receive, each waiting for the one
+before. Run in the caller they would block backward for the whole exchange; on one
+exchange thread per process they overlap with it (torch releases the GIL while it waits
+on Gloo and while it adds tensors). Exchanges run one at a time, in the order they were
+submitted; every rank submits the same exchanges in the same order (the optimizer
+launches buckets in plan order), so the rounds line up across ranks without tags.
+
+The group is created by the thread as its first job: a rank that never arrives then
+shows up as a stall at the first exchange (with ``stall_timeout``), not as a hang in
+the caller.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import queue
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import Any, TypeVar
+
+import torch
+import torch.distributed as dist
+
+from ringtrain import runtime
+from ringtrain.sync._tensors import ScratchPool
+
+__all__ = ["Channel", "channel", "close"]
+
+log = logging.getLogger("ringtrain")
+
+T = TypeVar("T")
+
+_STORE_PREFIX = "ringtrain/sync/p2p/"
+
+
+class Channel:
+    """A private Gloo group over all ranks plus the thread that runs exchanges on it."""
+
+    def __init__(self, rank: int, size: int, store: dist.Store, timeout_s: float) -> None:
+        self.rank = rank
+        self.size = size
+        self.scratch = ScratchPool()
+        self._store = store
+        self._timeout = datetime.timedelta(seconds=timeout_s)
+        self._group: Any = None
+        self._jobs: queue.SimpleQueue[tuple[Callable[[], Any], Future[Any]] | None] = (
+            queue.SimpleQueue()
+        )
+        # A daemon thread: an exchange stuck on a dead peer must not keep the process alive.
+        self._thread = threading.Thread(target=self._run, name="ringtrain-exchange", daemon=True)
+        self._thread.start()
+
+    # -- used by algorithms, on the exchange thread ------------------------------------
+
+    @property
+    def group(self) -> Any:
+        if self._group is None:
+            self._group = dist.ProcessGroupGloo(
+                dist.PrefixStore(_STORE_PREFIX, self._store), self.rank, self.size, self._timeout
+            )
+        return self._group
+
+    def send(self, tensor: torch.Tensor, dst: int, tag: int = 0) -> Any:
+        return self.group.send([tensor], dst, tag)
+
+    def recv(self, tensor: torch.Tensor, src: int, tag: int = 0) -> Any:
+        return self.group.recv([tensor], src, tag)
+
+    # -- used by callers -----------------------------------------------------------------
+
+    def submit(self, fn: Callable[[], T]) -> Future[T]:
+        """Run ``fn`` on the exchange thread after every job submitted before it."""
+        fut: Future[T] = Future()
+        self._jobs.put((fn, fut))
+        return fut
+
+    def close(self) -> None:
+        """Let the thread finish once its queue is empty (it exits without joining)."""
+        self._jobs.put(None)
+
+    def _run(self) -> None:
+        while True:
+            item = self._jobs.get()
+            if item is None:
+                return
+            fn, fut = item
+            if not fut.set_running_or_notify_cancel():
+                continue
+            try:
+                fut.set_result(fn())
+            except BaseException as exc:  # noqa: BLE001 - handed to the waiting caller
+                fut.set_exception(exc)
+
+
+_lock = threading.Lock()
+_current: tuple[object, Channel] | None = None
+
+
+def channel() -> Channel:
+    """The channel of the current world (made at first use, replaced after a re-init)."""
+    global _current
+    world = runtime.world()
+    with _lock:
+        if _current is not None and _current[0] is world:
+            return _current[1]
+        if _current is not None:
+            _current[1].close()
+        # Gloo's own operation timeout: generous (the init timeout), because stalls are
+        # reported earlier, at the handle, with stall_timeout and the names of the missing.
+        ch = Channel(world.env.rank, world.env.size, runtime.store(), world.settings.init_timeout)
+        _current = (world, ch)
+        return ch
+
+
+def close() -> None:
+    """Drop the channel (its group is released when the exchange thread lets go of it)."""
+    global _current
+    with _lock:
+        if _current is not None:
+            _current[1].close()
+            _current = None
