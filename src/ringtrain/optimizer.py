@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from ringtrain import collectives, runtime
+from ringtrain import collectives, events, runtime
 from ringtrain.buckets import BucketSpec, plan_buckets
 from ringtrain.collectives import Average, ReduceOp, Sum
 from ringtrain.compression import Compression, Compressor
@@ -240,10 +240,18 @@ class DistributedOptimizer(torch.optim.Optimizer):
             # HOOK(sync): stall inspection wraps this wait.
             bucket.handle.wait()
             t_done = time.perf_counter()
+            nbytes = bucket.flat.numel() * bucket.flat.element_size()
             for fn in self.exchange_listeners:
-                fn(bucket.name, bucket.flat.numel() * bucket.flat.element_size(), bucket.launched_at, t_done)
+                fn(bucket.name, nbytes, bucket.launched_at, t_done)
+            if events.active():
+                names = [self._names[i] for i in bucket.spec.params]
+                events.emit("exchange", bucket.launched_at, t_done, name=bucket.name,
+                            bytes=nbytes, tensors=names)
             self._unpack(bucket)
-        self.last_exchange_wait_s = time.perf_counter() - t0
+        t_end = time.perf_counter()
+        self.last_exchange_wait_s = t_end - t0
+        if events.active():
+            events.emit("exchange_wait", t0, t_end)
         self._synchronized = True
 
     def _unpack(self, bucket: _Bucket) -> None:
@@ -280,7 +288,11 @@ class DistributedOptimizer(torch.optim.Optimizer):
         try:
             return self._inner.step(closure) if closure is not None else self._inner.step()
         finally:
-            self.last_update_s = time.perf_counter() - t0
+            t_end = time.perf_counter()
+            self.last_update_s = t_end - t0
+            if events.active():
+                events.emit("update", t0, t_end)
+                events.emit("step_end", t_end, t_end)
             self._reset()
 
     # -- delegation ---------------------------------------------------------------------

@@ -19,15 +19,19 @@ alpha-beta time. Two bucketing policies cover the frameworks of the validation:
   free it fuses everything ready so far, up to ``bucket_bytes`` (Horovod's tensor
   fusion, Sergeev & Del Balso 2018, section 5).
 
-A parameter server has no single channel: each tensor lives on one server, which
-serves it to every worker, so servers are parallel channels and the busiest one
-sets the pace (TensorFlow's ``replica_device_setter``, greedy by bytes).
+A parameter server has no single channel: each tensor lives whole on one server,
+which takes it from every worker and sends the update back, so servers are
+parallel full-duplex channels and the busiest one sets the pace (TensorFlow's
+``replica_device_setter`` with greedy placement by size). Workers read a variable
+when their next forward reaches it, so pulls overlap the next forward.
 
 The step ends when backward is over and the last bucket is back. Two costs sit on
-top of the alpha-beta terms, both framework facts given in :class:`Framework`:
-a fixed CPU cost per gradient tensor (hooks, launches) on the critical path, and
-waiting for the slowest of N GPUs when step times jitter (the expected maximum of
-N normal variables, Blom's approximation).
+top of the alpha-beta terms. A fixed CPU cost per gradient tensor (hooks, launches)
+on the critical path, a framework fact in :class:`Framework`. And stragglers: a
+synchronous step waits for the slowest of N GPUs, whose expected lag behind the
+mean grows like ``sigma * sqrt(2 ln N)`` (expected maximum of N normal variables,
+Blom's approximation). Its spread, ``DEFAULT_JITTER_CV``, is the planner's one
+fitted number (see :mod:`ringtrain.plan.validation`).
 """
 
 from __future__ import annotations
@@ -51,7 +55,15 @@ __all__ = [
     "scaling",
     "straggler_factor",
     "with_strategy",
+    "DEFAULT_JITTER_CV",
 ]
+
+#: Relative spread (standard deviation / mean) of one GPU's step time. Not a published
+#: measurement: fitted once, on the grid of ``validation.fit_jitter``, so that the
+#: Horovod paper's Inception V3 at 128 GPUs (88%) comes out right; it stands for every
+#: synchronisation loss the alpha-beta terms leave out (stragglers, OS and network
+#: noise, coordination). Every other validation row is predicted with it.
+DEFAULT_JITTER_CV = 0.045
 
 
 @dataclass(frozen=True)
@@ -114,7 +126,7 @@ class Scenario:
     inter: str = "ring"
     backward_fraction: float = 2 / 3
     #: Coefficient of variation of one GPU's step time (stragglers); 0 = none.
-    jitter_cv: float = 0.0
+    jitter_cv: float = DEFAULT_JITTER_CV
     #: Samples per GPU per step, to turn steps into throughput.
     batch: int = 1
 

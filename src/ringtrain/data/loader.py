@@ -1,0 +1,574 @@
+"""``rt.data.Loader``: the input pipeline that keeps the device busy.
+
+How a batch reaches the training loop with ``num_workers > 0``::
+
+    parent: pick batch k, a free slot s, an idle worker  --(TASK k, s)-->  worker
+    worker: indices = order(k); samples = dataset[...]; collate into slot s
+    worker  --(OK k, s, spec)-->  parent: batch = views of slot s (no copy)
+    user drops the batch  ->  weak reference fires  ->  slot s is free again
+
+Batches are delivered in order and are safe to keep: a slot is only reused once
+every tensor of the batch built on it is gone. If the loop keeps more than ``keep``
+batches alive, further batches are copied out of their slot (one memcpy) so the
+workers never run out of slots. On CUDA, batches are copied from the page-locked
+slot on a side stream ``device_prefetch`` batches ahead and the slot is reused once
+the copy event has completed (see :mod:`ringtrain.data.prefetch`).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import weakref
+from collections.abc import Callable, Iterator
+from functools import partial
+from typing import Any
+
+import numpy as np
+import torch
+
+from ringtrain.data.autotune import Autotuner, CpuBudget, cpu_budget, initial_workers
+from ringtrain.data.collate import default_collate, fresh_alloc, unpack
+from ringtrain.data.order import BatchIndexer, EpochPlan, epoch_batches
+from ringtrain.data.prefetch import CudaBackend, DeviceStager, StagerBackend
+from ringtrain.data.shm import Slot, SlotPool
+from ringtrain.data.workers import BIG, ERR, OK, SampleError, WorkerPool, fetch
+from ringtrain.errors import DataError, WorkerError
+
+__all__ = ["Loader"]
+
+log = logging.getLogger("ringtrain.data")
+
+_STATE_VERSION = 1
+
+
+def _runtime_world() -> tuple[int, int, int]:
+    """(rank, world size, processes on this host) from the runtime, else a 1-process world."""
+    try:
+        from ringtrain import runtime
+        if runtime.is_initialized():
+            return runtime.rank(), runtime.size(), runtime.local_size()
+    except Exception:  # runtime missing or half-initialised: behave as one process
+        pass
+    return 0, 1, 1
+
+
+def _runtime_device() -> torch.device:
+    try:
+        from ringtrain import runtime
+        return runtime.device()
+    except Exception:
+        return torch.device("cpu")
+
+
+class _Resources:
+    """Everything that must be released at close, held apart from the loader so a
+    ``weakref.finalize`` can clean up without keeping the loader alive."""
+
+    def __init__(self) -> None:
+        self.pool: WorkerPool | None = None
+        self.slots: SlotPool | None = None
+        self.stager: DeviceStager | None = None
+        self.refs: dict[int, tuple[weakref.ref, int]] = {}
+
+    def on_drop(self, ref: weakref.ref) -> None:
+        # Runs when the user lets go of the last view of a zero-copy batch.
+        entry = self.refs.pop(id(ref), None)
+        if entry is not None and self.slots is not None:
+            self.slots.release(entry[1])
+
+    def close(self) -> None:
+        if self.stager is not None:
+            try:
+                self.stager.clear()
+            except Exception:  # a broken CUDA context must not stop the cleanup
+                pass
+        if self.pool is not None:
+            self.pool.close()
+            self.pool = None
+        if self.slots is not None:
+            self.slots.close()
+            self.slots = None
+
+
+class _EpochIterator:
+    __slots__ = ("_loader", "_gen")
+
+    def __init__(self, loader: Loader, gen: int) -> None:
+        self._loader, self._gen = loader, gen
+
+    def __iter__(self) -> _EpochIterator:
+        return self
+
+    def __next__(self) -> Any:
+        return self._loader._next(self._gen)
+
+    def __len__(self) -> int:
+        plan = self._loader._plan
+        return 0 if plan is None else plan.num_batches
+
+
+class Loader:
+    """Batches of a map-style dataset, loaded by worker processes through shared memory.
+
+    Args:
+        dataset: anything with ``__len__`` and ``__getitem__`` (``__getitems__(indices)``
+            is used when present, one call per batch).
+        batch_size: samples per batch on each rank.
+        shuffle: a fresh pseudo-random order each epoch (a pure function of seed, epoch).
+        seed: the order's and the workers' augmentation RNG seed.
+        num_workers: worker processes; ``0`` loads in the training process; ``"auto"``
+            picks from the CPU budget and adapts (``loader.num_workers`` shows it).
+        device: where batches are delivered; default ``rt.device()``. On CUDA, slots are
+            page-locked and copies run on a side stream ahead of the loop.
+        drop_last: drop the tail that does not fill a batch on every rank (else pad by
+            wrapping around, so each rank gets the same number of batches).
+        collate_fn: ``f(list of samples) -> batch`` (runs in the workers).
+        prefetch: batches loaded ahead of the training loop (default 2 per worker).
+        rank, world_size: this process's shard; default from ``rt.init()`` or 0 / 1.
+        start_method: ``"fork"`` (default on Linux), ``"forkserver"`` or ``"spawn"``.
+        worker_init_fn: ``f(worker_id)`` run once in each worker.
+        seed_workers: seed ``random``/``numpy``/``torch`` in workers per batch from its
+            position, so augmentations do not depend on which worker loads it.
+        zero_copy: hand out views of the shared slots (``False``: always copy out).
+        keep: zero-copy batches the loop may hold at once before later ones are copied.
+        pin_memory: page-lock slots for the CUDA copy (default: when device is CUDA).
+        device_prefetch: batches copied to the device ahead of the loop.
+        timeout: seconds to wait for one batch before raising (default: no limit;
+            a dead worker is reported at once either way).
+        max_workers: upper bound for ``num_workers="auto"``.
+    """
+
+    def __init__(self, dataset: Any, batch_size: int = 256, shuffle: bool = True,
+                 seed: int = 0, num_workers: int | str = "auto",
+                 device: torch.device | str | None = None, drop_last: bool = False, *,
+                 collate_fn: Callable[[list[Any]], Any] | None = None,
+                 prefetch: int | None = None, rank: int | None = None,
+                 world_size: int | None = None, start_method: str | None = None,
+                 worker_init_fn: Callable[[int], None] | None = None,
+                 seed_workers: bool = True, zero_copy: bool = True, keep: int = 4,
+                 pin_memory: bool | None = None, device_prefetch: int = 2,
+                 timeout: float | None = None, max_workers: int | None = None) -> None:
+        if not (hasattr(dataset, "__len__") and
+                (hasattr(dataset, "__getitem__") or hasattr(dataset, "__getitems__"))):
+            raise DataError(f"{type(dataset).__name__} is not a map-style dataset; give it "
+                            "__len__ and __getitem__ (iterable datasets are not supported)")
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0:
+            raise DataError(f"batch_size must be a positive int, got {batch_size!r}")
+        if not isinstance(seed, int) or seed < 0:
+            raise DataError(f"seed must be an int >= 0, got {seed!r}")
+        if num_workers != "auto" and (isinstance(num_workers, bool) or
+                                      not isinstance(num_workers, int) or num_workers < 0):
+            raise DataError(f"num_workers must be an int >= 0 or 'auto', got {num_workers!r}")
+        for name, value in (("keep", keep), ("device_prefetch", device_prefetch)):
+            if not isinstance(value, int) or value < 1:
+                raise DataError(f"{name} must be an int >= 1, got {value!r}")
+        if prefetch is not None and (not isinstance(prefetch, int) or prefetch < 1):
+            raise DataError(f"prefetch must be an int >= 1, got {prefetch!r}")
+        if (rank is None) != (world_size is None):
+            raise DataError("pass rank and world_size together (or neither, to use rt.init()'s)")
+        if world_size is not None and rank is not None and not 0 <= rank < world_size:
+            raise DataError(f"rank {rank} is outside a world of {world_size}")
+
+        self.dataset = dataset
+        self.batch_size = batch_size
+        self.shuffle = bool(shuffle)
+        self.seed = seed
+        self.drop_last = bool(drop_last)
+        self.collate_fn = collate_fn
+        self.device = torch.device(device) if device is not None else _runtime_device()
+        self.timeout = timeout
+        self._rank, self._world_size = rank, world_size
+        self._zero_copy = zero_copy
+        self._keep = keep
+        self._prefetch_arg = prefetch
+        self._cuda = self.device.type == "cuda"
+        self._pin = self._cuda if pin_memory is None else bool(pin_memory) and self._cuda
+        self._device_depth = device_prefetch
+        self._worker_kwargs = dict(collate_fn=collate_fn, seed=seed, seed_batches=seed_workers,
+                                   start_method=start_method, worker_init_fn=worker_init_fn)
+        self._check_dataset()
+
+        # -- worker count ----------------------------------------------------------------
+        self.num_workers_requested = num_workers
+        self.cpu_budget: CpuBudget | None = None
+        self._tuner: Autotuner | None = None
+        if num_workers == "auto":
+            self.cpu_budget = cpu_budget(share=_runtime_world()[2])
+            start = initial_workers(self.cpu_budget)
+            high = max_workers or max(start, 2 * max(1, int(self.cpu_budget.cpus)))
+            self._tuner = Autotuner(start, low=1, high=high)
+            self.num_workers = start
+            log.info("num_workers=auto -> %d (%s)", start, self.cpu_budget.describe())
+        else:
+            self.num_workers = int(num_workers)
+
+        # -- timing hooks (read by the step meter) ------------------------------------------
+        self.last_wait_s = 0.0  #: how long the loop waited for the latest batch
+        self.total_wait_s = 0.0  #: the same, summed since construction
+        self.batches_yielded = 0
+        self.copied_batches = 0  #: batches copied out because the loop held too many
+        self.fallback_batches = 0  #: batches that did not fit a slot (sent as bytes)
+
+        # -- epoch state --------------------------------------------------------------------
+        self._epoch = 0
+        self._start = 0  # global position the next iteration of this epoch starts at
+        self._plan: EpochPlan | None = None
+        self._plan_id = 0
+        self._gen = 0
+        self._active = False
+        self._yielded = 0
+        self._dispatched = 0
+        self._staged = 0
+        self._seq_base = 0
+        self._seq_next = 0
+        self._ready: dict[int, tuple] = {}
+        self._indexer: BatchIndexer | None = None
+        self._gap_from: float | None = None
+
+        self._res = _Resources()
+        self._finalizer = weakref.finalize(self, self._res.close)
+        if self._cuda:
+            backend: StagerBackend = CudaBackend(self.device)
+            self._res.stager = DeviceStager(backend)
+
+    # ---- public API -------------------------------------------------------------------
+    def __len__(self) -> int:
+        """Batches per full epoch on this rank (the same on every rank)."""
+        _, world = self._shard()
+        return epoch_batches(len(self.dataset), self.batch_size, world, self.drop_last)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Use ``epoch``'s order for the next iteration (keeps a resumed position)."""
+        if not isinstance(epoch, int) or epoch < 0:
+            raise DataError(f"epoch must be an int >= 0, got {epoch!r}")
+        if epoch != self._epoch:
+            self._epoch, self._start = epoch, 0
+            self._plan = None
+
+    @property
+    def epoch(self) -> int:
+        return self._epoch
+
+    def __iter__(self) -> Iterator[Any]:
+        if self._active:
+            self._abandon()
+        rank, world = self._shard()
+        self._check_dataset()
+        plan = EpochPlan(len(self.dataset), self.batch_size, world, rank, self.shuffle,
+                         self.seed, self._epoch, self.drop_last, start=self._start)
+        if plan.num_batches == 0 and plan.start == 0:
+            raise DataError(
+                f"{plan.num_samples} samples give no batch of {self.batch_size} on each of "
+                f"{world} ranks with drop_last=True; lower batch_size or set drop_last=False")
+        self._gen += 1
+        self._plan_id += 1
+        self._plan = plan
+        self._yielded = self._dispatched = self._staged = 0
+        self._seq_base = self._seq_next
+        self._seq_next += plan.num_batches
+        self._indexer = BatchIndexer(plan)
+        self._gap_from = None
+        self._active = True
+        if self.num_workers > 0:
+            self._ensure_pool()
+        return _EpochIterator(self, self._gen)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where the loop stands: resume with :meth:`load_state_dict`, no replay."""
+        if self._active and self._plan is not None:
+            epoch, position = self._plan.epoch, self._plan.position_after(self._yielded)
+        else:
+            epoch, position = self._epoch, self._start
+        epoch, position = self._normalise(epoch, position)
+        _, world = self._shard()
+        return {"version": _STATE_VERSION, "epoch": epoch, "position": position,
+                "seed": self.seed, "shuffle": self.shuffle, "num_samples": len(self.dataset),
+                "batch_size": self.batch_size, "world_size": world, "drop_last": self.drop_last}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue exactly after the last batch the saved loop received.
+
+        The batch size and world size may differ from the saved run: the rest of the
+        epoch is re-sharded from the saved global position.
+        """
+        if not isinstance(state, dict) or state.get("version") != _STATE_VERSION:
+            raise DataError(f"not a Loader state (version {_STATE_VERSION} expected): {state!r}")
+        for key, mine in (("seed", self.seed), ("shuffle", self.shuffle),
+                          ("num_samples", len(self.dataset))):
+            if state.get(key) != mine:
+                raise DataError(f"loader state was saved with {key}={state.get(key)!r} but this "
+                                f"loader has {key}={mine!r}; resume with the same dataset and seed")
+        if self._active:
+            self._abandon()
+        self._epoch, self._start = self._normalise(int(state["epoch"]), int(state["position"]))
+        self._plan = None
+
+    def close(self) -> None:
+        """Stop the workers and free the shared memory (also done at exit)."""
+        self._active = False
+        self._ready.clear()
+        self._finalizer()
+
+    def __enter__(self) -> Loader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def last_h2d_s(self) -> float:
+        """Device time of the latest finished host-to-device copy (CUDA only)."""
+        return self._res.stager.last_h2d_s if self._res.stager else 0.0
+
+    @property
+    def total_h2d_s(self) -> float:
+        return self._res.stager.total_h2d_s if self._res.stager else 0.0
+
+    def stats(self) -> dict[str, Any]:
+        """Counters for logging and the step meter."""
+        return {"num_workers": self.num_workers, "batches": self.batches_yielded,
+                "last_wait_s": self.last_wait_s, "total_wait_s": self.total_wait_s,
+                "last_h2d_s": self.last_h2d_s, "total_h2d_s": self.total_h2d_s,
+                "copied_batches": self.copied_batches,
+                "fallback_batches": self.fallback_batches,
+                "held_batches": len(self._res.refs)}
+
+    # ---- set-up helpers -----------------------------------------------------------------
+    def _check_dataset(self) -> None:
+        n = len(self.dataset)
+        if n <= 0:
+            raise DataError(f"the dataset {type(self.dataset).__name__} is empty (len {n}); "
+                            "give the loader at least one sample")
+
+    def _shard(self) -> tuple[int, int]:
+        if self._rank is not None and self._world_size is not None:
+            return self._rank, self._world_size
+        rank, world, _ = _runtime_world()
+        return rank, world
+
+    def _normalise(self, epoch: int, position: int) -> tuple[int, int]:
+        n = len(self.dataset)
+        _, world = self._shard()
+        left = n - position
+        per_rank = left // world if self.drop_last else -(-left // world)
+        batches = per_rank // self.batch_size if self.drop_last else -(-per_rank // self.batch_size)
+        return (epoch + 1, 0) if position >= n or batches <= 0 else (epoch, position)
+
+    @property
+    def _prefetch(self) -> int:
+        return self._prefetch_arg or max(2, 2 * self.num_workers)
+
+    def _max_slots(self) -> int:
+        return self._prefetch + self._keep + (self._device_depth if self._cuda else 0) + 1
+
+    def _ensure_pool(self) -> None:
+        res = self._res
+        if res.pool is not None and not res.pool.closed:
+            return
+        res.pool = WorkerPool(self.dataset, **self._worker_kwargs)  # type: ignore[arg-type]
+        res.slots = SlotPool(self._max_slots(), on_create=self._on_slot_created,
+                             on_retire=self._on_slot_retired)
+        res.refs.clear()
+        res.pool.resize(self.num_workers)
+
+    def _on_slot_created(self, slot: Slot) -> None:
+        if self._pin and isinstance(self._res.stager, DeviceStager):
+            slot.pinned = self._res.stager.backend.register(slot.address, slot.size)
+
+    def _on_slot_retired(self, slot: Slot) -> None:
+        if slot.pinned and self._res.stager is not None:
+            self._res.stager.backend.unregister(slot.address)
+            slot.pinned = False
+
+    def _set_workers(self, n: int) -> None:
+        self.num_workers = n
+        if self._res.pool is not None:
+            self._res.pool.resize(n)
+            assert self._res.slots is not None
+            self._res.slots.set_max_slots(self._max_slots())
+
+    # ---- iteration --------------------------------------------------------------------
+    def _next(self, gen: int) -> Any:
+        if gen != self._gen or not self._active:
+            raise StopIteration
+        plan = self._plan
+        assert plan is not None
+        if self._yielded >= plan.num_batches:
+            self._active = False
+            self._epoch, self._start = plan.epoch + 1, 0
+            raise StopIteration
+        t0 = time.perf_counter()
+        try:
+            if self._cuda:
+                batch = self._next_device()
+            elif self.num_workers > 0:
+                batch = self._host_from_worker(self._take(self._yielded), device=False)[0]
+            else:
+                batch = self._load_here(self._yielded, pinned=False)
+        except BaseException:
+            self._fail()
+            raise
+        t1 = time.perf_counter()
+        self.last_wait_s = t1 - t0
+        self.total_wait_s += self.last_wait_s
+        self._yielded += 1
+        self.batches_yielded += 1
+        if self._tuner is not None and self._gap_from is not None:
+            change = self._tuner.observe(self.last_wait_s, t0 - self._gap_from)
+            if change is not None:
+                log.info("num_workers=auto -> %d (%s)", change, self._tuner.reason)
+                self._set_workers(change)
+        self._gap_from = time.perf_counter()
+        return batch
+
+    def _load_here(self, k: int, pinned: bool) -> Any:
+        """Load batch ``k`` in this process (num_workers=0)."""
+        assert self._indexer is not None
+        try:
+            samples = fetch(self.dataset, self._indexer(k))
+        except SampleError as err:
+            cause = err.__cause__ or err
+            if hasattr(cause, "add_note"):
+                cause.add_note(f"(ringtrain loader: while loading sample index {err.index})")
+            raise cause from None
+        if self.collate_fn is not None:
+            return self.collate_fn(samples)
+        if pinned:  # the CUDA caching host allocator recycles these buffers safely
+            return default_collate(samples, lambda n: torch.empty(
+                n, dtype=torch.uint8, pin_memory=True).numpy())
+        return default_collate(samples, fresh_alloc)
+
+    def _next_device(self) -> Any:
+        """Stage up to ``device_prefetch`` batches on the side stream, pop the oldest."""
+        stager = self._res.stager
+        plan = self._plan
+        assert stager is not None and plan is not None
+        k = self._yielded
+        while self._staged < plan.num_batches and len(stager) < self._device_depth:
+            j = self._staged
+            if j != k and (self.num_workers == 0 or self._seq_base + j not in self._ready):
+                break  # never wait for a batch the loop does not need yet
+            if self.num_workers == 0:
+                stager.stage(self._load_here(j, pinned=self._pin), self._pin, None)
+            else:
+                host, pinned, release = self._host_from_worker(self._take(j), device=True)
+                stager.stage(host, pinned, release)
+            self._staged += 1
+        return stager.pop()
+
+    def _take(self, k: int) -> tuple:
+        """Wait for worker result of batch ``k`` (dispatching work meanwhile)."""
+        pool = self._res.pool
+        assert pool is not None
+        seq = self._seq_base + k
+        deadline = None if self.timeout is None else time.monotonic() + self.timeout
+        while seq not in self._ready:
+            self._dispatch()
+            if seq not in pool.owner and seq not in self._ready:
+                # Not even dispatched: every slot is busy; finished copies free some.
+                if self._res.stager is not None and self._res.stager.copying:
+                    self._res.stager.reap(block=True)
+                    continue
+            wait = 1.0 if deadline is None else max(0.0, min(1.0, deadline - time.monotonic()))
+            for msg in pool.poll(wait):
+                self._accept(msg)
+            if deadline is not None and seq not in self._ready and time.monotonic() >= deadline:
+                raise DataError(
+                    f"no batch from the {len(pool.workers)} loader workers in {self.timeout:g} s "
+                    f"(batch {k} of epoch {self._epoch}); a dataset call may be hanging, or "
+                    "raise Loader(timeout=...)")
+        msg = self._ready.pop(seq)
+        self._dispatch()
+        return msg
+
+    def _dispatch(self) -> None:
+        """Hand out tasks while there are batches to do, free slots and idle workers."""
+        res, plan = self._res, self._plan
+        pool, slots = res.pool, res.slots
+        assert pool is not None and slots is not None and plan is not None
+        if res.stager is not None:
+            res.stager.reap()
+        while (self._dispatched < plan.num_batches
+               and self._dispatched - self._yielded < self._prefetch):
+            worker = pool.pick()
+            if worker is None:
+                break
+            slot = slots.acquire()
+            if slot is None:
+                # Unsized pool: one batch per worker travels as bytes and sizes the slots.
+                if slots.sized or len(pool.owner) >= len(pool.active):
+                    break
+            seq = self._seq_base + self._dispatched
+            pool.submit(worker, seq, self._plan_id, plan, self._dispatched, slot)
+            self._dispatched += 1
+        if slots.retired:
+            pool.forget_slots(slots.retired)
+            slots.retired.clear()
+
+    def _accept(self, msg: tuple) -> None:
+        kind, seq, slot_id = msg[0], msg[1], msg[2]
+        slots = self._res.slots
+        assert slots is not None
+        if kind == BIG:
+            self.fallback_batches += 1
+            slots.fit(msg[4], headroom=0.25 if slot_id >= 0 else 0.0)
+        if kind != OK and slot_id >= 0:
+            slots.release(slot_id)
+        if seq < self._seq_base:  # left over from an abandoned iteration
+            if kind == OK:
+                slots.release(slot_id)
+            return
+        self._ready[seq] = msg
+
+    def _host_from_worker(self, msg: tuple, device: bool
+                          ) -> tuple[Any, bool, Callable[[], None] | None]:
+        """Turn a worker's answer into a host batch (and how to release its slot)."""
+        kind = msg[0]
+        if kind == ERR:
+            raise WorkerError(msg[3])
+        if kind == BIG:
+            return unpack(msg[3], np.frombuffer(msg[5], dtype=np.uint8)), False, None
+        assert kind == OK and self._res.slots is not None
+        slots = self._res.slots
+        slot = slots.slots[msg[2]]
+        raw = slot.fresh_array()
+        if device:  # the stager copies it and releases the slot after the copy event
+            return unpack(msg[3], raw), slot.pinned, partial(slots.release, slot.id)
+        if not self._zero_copy or len(self._res.refs) >= self._keep:
+            batch = unpack(msg[3], raw, copy=True)
+            slots.release(slot.id)
+            self.copied_batches += 1
+            return batch, False, None
+        batch = unpack(msg[3], raw)
+        ref = weakref.ref(raw, self._res.on_drop)
+        self._res.refs[id(ref)] = (ref, slot.id)
+        return batch, False, None
+
+    def _abandon(self) -> None:
+        """Forget an unfinished iteration; its in-flight results are discarded on arrival."""
+        slots = self._res.slots
+        for msg in self._ready.values():
+            if msg[0] == OK and slots is not None:
+                slots.release(msg[2])
+        self._ready.clear()
+        if self._res.stager is not None:
+            self._res.stager.clear()
+        self._active = False
+        self._gen += 1
+
+    def _fail(self) -> None:
+        """After an error or Ctrl-C: stop the workers so nothing is left behind."""
+        self._ready.clear()
+        self._gen += 1
+        pool = self._res.pool
+        if pool is not None:
+            pool.close()
+        if self._res.stager is not None:
+            try:
+                self._res.stager.clear()
+            except Exception:
+                pass
+        if self._res.slots is not None:
+            self._res.slots.close()
+            self._res.slots = None

@@ -1,0 +1,40 @@
+"""native: the backend's own allreduce (NCCL's ring/tree on GPUs, Gloo's on CPUs).
+
+The default strategy. It is the same call as ``rt.allreduce(..., algorithm="native")``;
+as a strategy it also records arrivals and waits with ``stall_timeout``, so a missing
+rank is named instead of the job hanging.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from ringtrain import runtime
+from ringtrain.collectives import Handle, ReduceOp, finish_average, torch_op
+from ringtrain.sync import stall
+from ringtrain.sync.strategy import Strategy
+
+__all__ = ["Native"]
+
+
+class Native(Strategy):
+    """The backend's allreduce on the default process group."""
+
+    name = "native"
+
+    def __call__(self, tensor: torch.Tensor, op: ReduceOp, name: str | None) -> Handle:
+        reduce_op = torch_op(op)
+        size = runtime.size()
+        arrival = stall.tracker().arrive(name, tensor)
+        try:
+            work = dist.all_reduce(tensor, op=reduce_op, async_op=True)
+        except RuntimeError as exc:
+            raise stall._failure(arrival, exc, 0.0, self.timeout()) from None
+        timeout = self.timeout()
+
+        def wait() -> None:
+            stall.wait_work(work, arrival, timeout)
+            finish_average(tensor, op, size)
+
+        return Handle(tensor, wait, name)

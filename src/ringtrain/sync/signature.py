@@ -1,0 +1,174 @@
+"""Mismatch detection: before the first exchange, ranks compare what they will exchange.
+
+Ranks that submit different tensors either hang or silently average unrelated numbers
+(Horovod's most reported hang, horovod/horovod#2107 and #1559). So at the first step,
+and whenever the bucket layout changes, every rank publishes the *signature* of its
+exchange (each tensor's name, shape and dtype in exchange order, plus the settings all
+ranks must share, like the strategy) to the job's store and compares. A difference is a
+:class:`MismatchError` on every rank, naming the first differing tensor and the ranks
+that differ; a rank that never publishes is a :class:`StallError` after
+``stall_timeout``.
+
+The store, not a collective, carries the signatures: a collective would itself hang on
+the ranks that are out of step. One hash per rank is read; full lists only when hashes
+differ. :func:`describe_mismatch` is pure and unit-tested.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import threading
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import torch
+
+from ringtrain import runtime
+from ringtrain.errors import MismatchError, StallError
+from ringtrain.settings import env_name
+
+__all__ = ["Entry", "entry", "describe_mismatch", "check_signature"]
+
+#: (name, shape, dtype) of one exchanged tensor.
+Entry = tuple[str, tuple[int, ...], str]
+
+_PREFIX = "ringtrain/sync/signature/"
+_counter = itertools.count()
+_counter_lock = threading.Lock()
+
+
+def entry(name: str, shape: Sequence[int], dtype: torch.dtype | str) -> Entry:
+    dt = str(dtype).replace("torch.", "")
+    return (str(name), tuple(int(s) for s in shape), dt)
+
+
+def _fmt(e: Entry) -> str:
+    return f"{e[0]!r} {list(e[1])} {e[2]}"
+
+
+def _ranks(ranks: Iterable[int]) -> str:
+    rs = sorted(ranks)
+    shown = ", ".join(map(str, rs[:16])) + (f", ... ({len(rs)} ranks)" if len(rs) > 16 else "")
+    return f"rank {shown}" if len(rs) == 1 else f"ranks {shown}"
+
+
+def _first_difference(ref: Sequence[Entry], other: Sequence[Entry]) -> tuple[int, str, str]:
+    for i, (a, b) in enumerate(zip(ref, other)):
+        if a != b:
+            return i, _fmt(a), _fmt(b)
+    i = min(len(ref), len(other))
+    a = _fmt(ref[i]) if i < len(ref) else "nothing (its list ends here)"
+    b = _fmt(other[i]) if i < len(other) else "nothing (its list ends here)"
+    return i, a, b
+
+
+def describe_mismatch(
+    entries: Mapping[int, Sequence[Entry]],
+    settings: Mapping[int, Mapping[str, str]] | None = None,
+    what: str = "gradients",
+) -> str | None:
+    """None when every rank's signature equals rank 0's, else the error message.
+
+    Ranks are grouped by identical signature and each differing group is compared with
+    the group of the lowest rank, so the message is the same on every rank.
+    """
+    settings = settings or {}
+    groups: dict[str, list[int]] = {}
+    for r in sorted(entries):
+        key = json.dumps([entries[r], settings.get(r, {})], sort_keys=True, default=list)
+        groups.setdefault(key, []).append(r)
+    if len(groups) <= 1:
+        return None
+    ordered = sorted(groups.values(), key=lambda rs: rs[0])
+    ref_ranks = ordered[0]
+    ref = ref_ranks[0]
+    lines = []
+    for ranks in ordered[1:4]:
+        r = ranks[0]
+        ref_set, other_set = dict(settings.get(ref, {})), dict(settings.get(r, {}))
+        diff_keys = sorted(k for k in set(ref_set) | set(other_set) if ref_set.get(k) != other_set.get(k))
+        if diff_keys:
+            k = diff_keys[0]
+            lines.append(
+                f"setting {k}={ref_set.get(k)!r} on {_ranks(ref_ranks)} but "
+                f"{other_set.get(k)!r} on {_ranks(ranks)}"
+            )
+            continue
+        i, a, b = _first_difference(entries[ref], entries[r])
+        lines.append(
+            f"tensor #{i} is {a} on {_ranks(ref_ranks)} but {b} on {_ranks(ranks)}"
+        )
+    differing = sorted(r for rs in ordered[1:] for r in rs)
+    more = f" (and {len(ordered) - 4} more groups)" if len(ordered) > 4 else ""
+    return (
+        f"ranks would exchange different {what}: " + "; ".join(lines) + more
+        + f". {_ranks(differing).capitalize()} differ from rank {ref}. Every rank must build "
+        "the same model (same parameters, shapes, dtypes and order) and pass the same "
+        "DistributedOptimizer settings"
+    )
+
+
+def _wait_keys(store: Any, keys: list[str], timeout_s: float) -> list[int]:
+    """Poll until every key exists; the indices of the keys still missing at the deadline.
+
+    Polling with ``check`` instead of ``store.wait`` keeps a timeout quiet (the store
+    logs a C++ warning per timed-out wait) and lets us list who is missing.
+    """
+    deadline = time.monotonic() + timeout_s
+    pause = 0.001
+    while True:
+        missing = [i for i, k in enumerate(keys) if not store.check([k])]
+        if not missing or time.monotonic() >= deadline:
+            return missing
+        time.sleep(pause)
+        pause = min(pause * 2, 0.05)
+
+
+def check_signature(
+    entries: Sequence[Entry],
+    settings: Mapping[str, str] | None = None,
+    timeout: float | None = None,
+    what: str = "gradients",
+    when: str = "first step",
+) -> None:
+    """Compare this rank's signature with every other rank's; raise on any difference.
+
+    Every rank must call it at the same point (it is a rendezvous through the store).
+    ``when`` only words the error ("first step", "bucket layout change").
+    """
+    size, rank = runtime.size(), runtime.rank()
+    if size == 1:
+        return
+    timeout = runtime.settings().stall_timeout if timeout is None else timeout
+    with _counter_lock:
+        index = next(_counter)
+    prefix = f"{_PREFIX}{index}/"
+    mine = [list(e) for e in entries]
+    blob = json.dumps({"entries": mine, "settings": dict(settings or {})}, sort_keys=True)
+    digest = hashlib.sha256(blob.encode()).hexdigest()
+    store = runtime.store()
+    store.set(f"{prefix}full/{rank}", blob)
+    store.set(f"{prefix}hash/{rank}", digest)
+    keys = [f"{prefix}hash/{r}" for r in range(size)]
+    missing = _wait_keys(store, keys, timeout)
+    if missing:
+        raise StallError(
+            f"signature check #{index} ({when}): {_ranks(missing)} did not arrive within "
+            f"{timeout:g} s (stall_timeout; {env_name('stall_timeout')}), seen from rank "
+            f"{rank}; those ranks are behind, stuck or gone: look at their logs"
+        )
+    hashes = {r: store.get(k).decode() for r, k in enumerate(keys)}
+    if len(set(hashes.values())) == 1:
+        return
+    # Read each distinct signature once (every rank reads the same, so all raise alike).
+    first_of: dict[str, int] = {}
+    for r in range(size):
+        first_of.setdefault(hashes[r], r)
+    decoded = {h: json.loads(store.get(f"{prefix}full/{r}")) for h, r in first_of.items()}
+    all_entries = {r: [entry(e[0], e[1], e[2]) for e in decoded[hashes[r]]["entries"]] for r in range(size)}
+    all_settings = {r: decoded[hashes[r]]["settings"] for r in range(size)}
+    message = describe_mismatch(all_entries, all_settings, what)
+    raise MismatchError(message or f"ranks would exchange different {what} ({when})")
