@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 # torch would pull a multi-GB CUDA build.
 TORCH_PIN := torch==2.13.0
 
-.PHONY: demo test bench clean
+.PHONY: demo test lint clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -31,3 +31,7 @@ test: $(VENV)/.installed-dev
 
 clean:
 	rm -rf $(VENV) runs build *.egg-info src/*.egg-info
+
+lint: $(VENV)/.installed-dev
+	$(BIN)/ruff check src tests benchmarks examples
+	$(BIN)/mypy src/ringtrain

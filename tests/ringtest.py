@@ -17,7 +17,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["run_world", "free_port", "WorldFailed"]
+__all__ = ["WorldFailed", "free_port", "run_world"]
 
 
 class WorldFailed(AssertionError):

@@ -31,10 +31,9 @@ from ringtrain.collectives import (
     reducescatter,
     synchronize,
 )
-from ringtrain.replicate import broadcast_optimizer_state, broadcast_parameters
 from ringtrain.compression import Compression
 from ringtrain.optimizer import DistributedOptimizer
-from ringtrain.schedule import scale_lr, warmup
+from ringtrain.replicate import broadcast_optimizer_state, broadcast_parameters
 from ringtrain.runtime import (
     cross_rank,
     cross_size,
@@ -47,18 +46,47 @@ from ringtrain.runtime import (
     shutdown,
     size,
 )
+from ringtrain.schedule import scale_lr, warmup
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "Average",
+    "Compression",
+    "DistributedOptimizer",
+    "Handle",
+    "Max",
+    "Min",
+    "ReduceOp",
+    "Sum",
     "__version__",
-    "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size",
-    "cross_rank", "cross_size", "device",
-    "ReduceOp", "Average", "Sum", "Min", "Max", "Handle",
-    "barrier", "allreduce", "allreduce_", "allreduce_async", "allreduce_async_", "synchronize",
-    "allgather", "broadcast", "broadcast_", "alltoall", "reducescatter",
-    "broadcast_object", "allgather_object",
-    "DistributedOptimizer", "Compression", "broadcast_parameters", "broadcast_optimizer_state",
-    "scale_lr", "warmup",
-    "checkpoint", "errors",
+    "allgather",
+    "allgather_object",
+    "allreduce",
+    "allreduce_",
+    "allreduce_async",
+    "allreduce_async_",
+    "alltoall",
+    "barrier",
+    "broadcast",
+    "broadcast_",
+    "broadcast_object",
+    "broadcast_optimizer_state",
+    "broadcast_parameters",
+    "checkpoint",
+    "cross_rank",
+    "cross_size",
+    "device",
+    "errors",
+    "init",
+    "is_initialized",
+    "local_rank",
+    "local_size",
+    "rank",
+    "reducescatter",
+    "scale_lr",
+    "shutdown",
+    "size",
+    "synchronize",
+    "warmup",
 ]

@@ -26,7 +26,7 @@ import torch
 from ringtrain import runtime
 from ringtrain.errors import CheckpointError
 
-__all__ = ["save", "load", "latest", "verify", "SUFFIX"]
+__all__ = ["SUFFIX", "latest", "load", "save", "verify"]
 
 log = logging.getLogger("ringtrain.checkpoint")
 
@@ -143,14 +143,14 @@ def load(
         return _unpickle(_read_verified(target), target, weights_only, map_location)
     from ringtrain.collectives import broadcast_, broadcast_object
 
+    payload: bytes | None = None
+    status: Any = None
     if runtime.rank() == 0:
         try:
-            payload: bytes | None = _read_verified(target)
-            status: Any = len(payload)
+            payload = _read_verified(target)
+            status = len(payload)
         except CheckpointError as exc:
-            payload, status = None, str(exc)
-    else:
-        payload, status = None, None
+            status = str(exc)
     status = broadcast_object(status, root_rank=0, name=f"checkpoint {target}")
     if isinstance(status, str):
         raise CheckpointError(status)

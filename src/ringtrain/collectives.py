@@ -20,28 +20,28 @@ from ringtrain import runtime
 from ringtrain.errors import CollectiveError, ConfigError
 
 __all__ = [
-    "ReduceOp",
-    "Average",
-    "Sum",
-    "Min",
-    "Max",
-    "Handle",
     "AllreduceAlgorithm",
-    "register_algorithm",
+    "Average",
+    "Handle",
+    "Max",
+    "Min",
+    "ReduceOp",
+    "Sum",
     "algorithms",
-    "barrier",
+    "allgather",
+    "allgather_object",
     "allreduce",
     "allreduce_",
     "allreduce_async",
     "allreduce_async_",
-    "synchronize",
-    "allgather",
+    "alltoall",
+    "barrier",
     "broadcast",
     "broadcast_",
-    "alltoall",
-    "reducescatter",
     "broadcast_object",
-    "allgather_object",
+    "reducescatter",
+    "register_algorithm",
+    "synchronize",
 ]
 
 
@@ -65,7 +65,7 @@ _TORCH_OPS = {
 }
 
 
-def torch_op(op: ReduceOp) -> dist.ReduceOp:
+def torch_op(op: ReduceOp) -> Any:
     """The ``torch.distributed`` op that implements ``op`` (Average sums; divide after)."""
     if not isinstance(op, ReduceOp):
         raise ConfigError(f"op must be rt.Average, rt.Sum, rt.Min or rt.Max, got {op!r}")

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["Compressor", "NoneCompressor", "FP16Compressor", "BF16Compressor", "Compression"]
+__all__ = ["BF16Compressor", "Compression", "Compressor", "FP16Compressor", "NoneCompressor"]
 
 
 class Compressor:

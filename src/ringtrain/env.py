@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 from ringtrain.errors import LaunchEnvError
 
-__all__ = ["LaunchEnv", "parse_env", "expand_slurm_nodelist"]
+__all__ = ["LaunchEnv", "expand_slurm_nodelist", "parse_env"]
 
 # Ports derived from a job id fall in this range: above the ephemeral ports Linux hands
 # out by default (32768-60999) would collide with outgoing connections, so stay below.

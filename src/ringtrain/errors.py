@@ -28,18 +28,18 @@ from the script's own logic.
 from __future__ import annotations
 
 __all__ = [
-    "RingtrainError",
-    "ConfigError",
-    "LaunchEnvError",
-    "NotInitializedError",
-    "CollectiveError",
-    "MismatchError",
-    "StallError",
     "CheckpointError",
+    "CollectiveError",
+    "ConfigError",
     "DataError",
-    "WorkerError",
-    "WorkerDiedError",
+    "LaunchEnvError",
     "LaunchError",
+    "MismatchError",
+    "NotInitializedError",
+    "RingtrainError",
+    "StallError",
+    "WorkerDiedError",
+    "WorkerError",
 ]
 
 

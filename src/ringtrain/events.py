@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["Listener", "subscribe", "unsubscribe", "emit", "active"]
+__all__ = ["Listener", "active", "emit", "subscribe", "unsubscribe"]
 
 #: ``fn(kind, t_start, t_end, info)``; times are ``time.perf_counter()`` seconds.
 Listener = Callable[[str, float, float, dict[str, Any]], None]
@@ -35,5 +35,5 @@ def active() -> bool:
 
 
 def emit(kind: str, t_start: float, t_end: float, **info: Any) -> None:
-    for fn in list(_listeners):
+    for fn in _listeners:
         fn(kind, t_start, t_end, info)

@@ -14,7 +14,7 @@ import torch
 from ringtrain import runtime
 from ringtrain.collectives import broadcast_, broadcast_object
 
-__all__ = ["broadcast_parameters", "broadcast_optimizer_state", "broadcast_tensors_"]
+__all__ = ["broadcast_optimizer_state", "broadcast_parameters", "broadcast_tensors_"]
 
 
 def broadcast_tensors_(tensors: list[torch.Tensor], root_rank: int = 0, name: str = "tensors") -> None:
@@ -22,7 +22,7 @@ def broadcast_tensors_(tensors: list[torch.Tensor], root_rank: int = 0, name: st
     groups: dict[tuple[torch.dtype, torch.device], list[torch.Tensor]] = {}
     for t in tensors:
         groups.setdefault((t.dtype, t.device), []).append(t)
-    for (dtype, dev), group in groups.items():
+    for (dtype, _device), group in groups.items():
         flat = torch.cat([t.detach().reshape(-1) for t in group]) if group else torch.empty(0)
         broadcast_(flat, root_rank=root_rank, name=f"{name} ({dtype})")
         offset = 0

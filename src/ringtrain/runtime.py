@@ -23,19 +23,19 @@ from ringtrain.settings import Settings, load_settings
 
 __all__ = [
     "World",
-    "init",
-    "shutdown",
-    "is_initialized",
-    "world",
-    "rank",
-    "size",
-    "local_rank",
-    "local_size",
     "cross_rank",
     "cross_size",
     "device",
-    "store",
+    "init",
+    "is_initialized",
+    "local_rank",
+    "local_size",
+    "rank",
     "settings",
+    "shutdown",
+    "size",
+    "store",
+    "world",
 ]
 
 log = logging.getLogger("ringtrain")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from ringtest import run_world
 
 STEPS = 10
@@ -135,7 +134,7 @@ def _features() -> dict[str, object]:
 def test_optimizer_features_on_three_ranks() -> None:
     results = run_world(_features, 3, timeout=50)
     n = 3
-    for r, out in enumerate(results):
+    for out in results:
         torch.testing.assert_close(out["unused_b_bias_grad"], torch.full((3,), 1.0 / n))
         mean = sum(k + 1 for k in range(n)) / n
         torch.testing.assert_close(out["partial_w"], -mean * torch.tensor([1.0, 2.0]))

@@ -20,7 +20,7 @@ from ringtrain.errors import ConfigError, RingtrainError
 from ringtrain.launch.hosts import Host, is_local_host, parse_hostfile, parse_hosts, place_ranks
 from ringtrain.launch.job import JobConfig, run_job
 
-__all__ = ["main", "build_parser", "build_config"]
+__all__ = ["build_config", "build_parser", "main"]
 
 
 class _Parser(argparse.ArgumentParser):

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from ringtrain.errors import ConfigError
 
-__all__ = ["Host", "Placement", "parse_hosts", "parse_hostfile", "place_ranks", "is_local_host"]
+__all__ = ["Host", "Placement", "is_local_host", "parse_hostfile", "parse_hosts", "place_ranks"]
 
 _HOST = re.compile(r"^[A-Za-z0-9_.\-\[\]:]+$")
 _LOCAL_NAMES = {"localhost", "127.0.0.1", "::1", "localhost.localdomain"}

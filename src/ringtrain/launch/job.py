@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from ringtrain.launch.hosts import Placement, is_local_host
 from ringtrain.launch.proc import OutputSink, Worker, stop_all
 
-__all__ = ["JobConfig", "run_job", "worker_env", "describe_exit"]
+__all__ = ["JobConfig", "describe_exit", "run_job", "worker_env"]
 
 log = logging.getLogger("ringtrain.launch")
 

@@ -17,7 +17,7 @@ import time
 from collections.abc import Sequence
 from typing import IO
 
-__all__ = ["Worker", "OutputSink"]
+__all__ = ["OutputSink", "Worker"]
 
 _PR_SET_PDEATHSIG = 1
 

@@ -32,7 +32,10 @@ from ringtrain.sync.strategy import P2PStrategy
 
 __all__ = ["ParameterServer", "shard_plan"]
 
-_PUSH, _PULL = 1, 2  # tags: gradients to the owner, results back
+# Tags: gradients to the owner, results back (apart from the ring's 0..chunks-1). Gloo
+# matches one peer's messages FIFO per tag, and pieces travel in the same order on both
+# sides, so one tag per direction is enough.
+_PUSH, _PULL = 1 << 20, (1 << 20) + 1
 
 
 def shard_plan(numel: int, itemsize: int, servers: int, chunks: int) -> list[list[Span]]:

@@ -10,8 +10,9 @@ stays nearly flat as ranks are added while a single parameter server's grows wit
 Pipelining: every segment is cut again into ``chunks_per_rank`` pieces that go round
 the ring independently, so the addition of one piece overlaps the transfer of the next,
 and every round's send is posted together with the receive (two receives in flight per
-piece, double-buffered). Pieces of one rank's send to the same neighbour are matched
-first-in first-out by Gloo, so no tags are needed.
+piece, double-buffered). Gloo matches messages from one peer first-in first-out *per
+tag*, and pieces of different segments have different lengths, so piece j travels
+under tag j: one FIFO per piece keeps the rounds of each piece in order.
 
 :func:`ring_schedule` (which segment goes where in each round) is pure and unit-tested.
 """
@@ -89,12 +90,12 @@ class Ring(P2PStrategy):
             if length == 0:
                 return
             buf = scratch[t % 2, j, :length] if t < reduce_rounds else flat[start : start + length]
-            inbox[j].append((ch.recv(buf, left), buf))
+            inbox[j].append((ch.recv(buf, left, j), buf))
 
         def post_send(t: int, j: int) -> None:
             start, length = pieces[schedule[t][0]][j]
             if length:
-                sends.append(ch.send(flat[start : start + length], right))
+                sends.append(ch.send(flat[start : start + length], right, j))
 
         for j in range(chunks):
             post_recv(0, j)

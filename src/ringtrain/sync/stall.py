@@ -148,7 +148,10 @@ class Tracker:
 
     def mark_gone(self) -> None:
         """Tell the others this process is leaving (at exit; bounded, best effort)."""
-        _bounded(lambda: self.store.set(f"{_PREFIX}gone/{self.rank}", "1"), 1.0)
+        try:
+            _bounded(lambda: self.store.set(f"{_PREFIX}gone/{self.rank}", "1"), 1.0)
+        except Exception:  # noqa: BLE001 - the store is gone too; nothing to tell
+            pass
         self.close()
 
 

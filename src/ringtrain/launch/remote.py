@@ -1,0 +1,238 @@
+"""The host agent: ringrun starts it over ssh, once per remote host and attempt.
+
+It runs as a plain script (``python .../ringtrain/launch/remote.py``) with the standard
+library only, so a host answers in tens of milliseconds instead of importing torch.
+ssh carries no signals, so the agent is tied to its ssh session through stdin: when
+stdin closes (ringrun stopped the job, died, or the connection broke) or a SIGTERM /
+SIGHUP arrives, it stops every worker's process group, SIGKILLs what is left after a
+grace period, and exits. Each worker also gets PR_SET_PDEATHSIG, so a SIGKILLed agent
+takes its workers along.
+
+Protocol (one line each; ``<rank>`` is the global rank):
+
+ringrun <- agent   ``R {json}``       ready: host name, cpus, interfaces, ssh addresses
+ringrun -> agent   ``{json}``         the spec: cwd, command, ranks with their env, and for
+                                      rank 0's host the address (and port) to listen on
+ringrun <- agent   ``L <port>``       rank 0's rendezvous socket is bound on this port
+                   ``S <rank> <pid>`` a worker started
+                   ``O <rank> <text>``  one line of a worker's output
+                   ``X <rank> <code>``  a worker exited (negative: killed by that signal)
+                   ``E <message>``    the agent could not do what the spec asked
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from typing import IO, Any
+
+if __package__:
+    from ringtrain.launch import network
+else:  # run as a script: this file's folder is on sys.path
+    import network  # type: ignore[no-redef]
+
+__all__ = ["main", "info", "worker_extras"]
+
+_PR_SET_PDEATHSIG = 1
+GRACE_S = 1.5
+
+
+def _die_with_parent() -> None:
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except Exception:  # noqa: BLE001 - best effort
+        pass
+
+
+def info() -> dict[str, Any]:
+    """What ringrun needs to know about this host before it places rank 0."""
+    conn = os.environ.get("SSH_CONNECTION", "").split()
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:
+        cpus = os.cpu_count() or 1
+    return {
+        "host": socket.gethostname(),
+        "cpus": cpus,
+        "ifaces": network.interface_addresses(),
+        # The address ringrun's host reached us at, and its own as we see it.
+        "server_addr": conn[2] if len(conn) == 4 else None,
+        "client_addr": conn[0] if len(conn) == 4 else None,
+    }
+
+
+def worker_extras(env: dict[str, str], local_size: int, cpus: int) -> dict[str, str]:
+    """Variables the agent fills in from this host's own facts (when ringrun left them unset)."""
+    extra: dict[str, str] = {}
+    if "OMP_NUM_THREADS" not in env:
+        extra["OMP_NUM_THREADS"] = str(max(1, cpus // max(1, local_size)))
+    master = env.get("MASTER_ADDR", "")
+    if master and not network.is_loopback(master) and "GLOO_SOCKET_IFNAME" not in env:
+        # Gloo otherwise binds whatever the host name resolves to, often 127.0.1.1 or an
+        # address other hosts cannot reach; use the interface that routes to rank 0.
+        source = network.source_address_for(master)
+        iface = network.interface_of_address(source) if source else None
+        if iface:
+            extra["GLOO_SOCKET_IFNAME"] = iface
+            if "NCCL_SOCKET_IFNAME" not in env:
+                extra["NCCL_SOCKET_IFNAME"] = iface
+    return extra
+
+
+class _Agent:
+    def __init__(self, out: IO[bytes]) -> None:
+        self.out = out
+        self.lock = threading.Lock()
+        self.procs: dict[int, subprocess.Popen[bytes]] = {}
+        self.pumps: dict[int, threading.Thread] = {}
+        self.stopping = threading.Event()
+
+    def send(self, line: bytes) -> None:
+        with self.lock:
+            try:
+                self.out.write(line if line.endswith(b"\n") else line + b"\n")
+                self.out.flush()
+            except (BrokenPipeError, ValueError, OSError):
+                self.stopping.set()  # ringrun is gone: stop the workers
+
+    def start(self, spec: dict[str, Any], listener: socket.socket | None) -> None:
+        cwd = spec.get("cwd")
+        if cwd and not os.path.isdir(cwd):
+            raise _Refused(f"working directory {cwd} does not exist on host {socket.gethostname()}; "
+                           "the same path must exist on every host")
+        cpus = info()["cpus"]
+        for item in spec["ranks"]:
+            rank = int(item["rank"])
+            env = dict(os.environ)
+            env.update(item["env"])
+            env.update(worker_extras(item["env"], int(item["local_size"]), cpus))
+            fds: tuple[int, ...] = ()
+            if listener is not None and rank == 0:
+                env["RINGTRAIN_STORE_FD"] = str(listener.fileno())
+                fds = (listener.fileno(),)
+            try:
+                proc = subprocess.Popen(
+                    spec["command"], env=env, cwd=cwd or None, stdin=subprocess.DEVNULL,
+                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+                    pass_fds=fds, preexec_fn=_die_with_parent,
+                )
+            except OSError as exc:
+                raise _Refused(f"cannot run {spec['command'][0]!r} on host {socket.gethostname()}: "
+                               f"{exc.strerror}; check PATH there (pass it with -x PATH)") from None
+            self.procs[rank] = proc
+            self.send(f"S {rank} {proc.pid}".encode())
+            pump = threading.Thread(target=self._pump, args=(rank, proc), daemon=True)
+            pump.start()
+            self.pumps[rank] = pump
+
+    def _pump(self, rank: int, proc: subprocess.Popen[bytes]) -> None:
+        assert proc.stdout is not None
+        head = f"O {rank} ".encode()
+        for line in iter(proc.stdout.readline, b""):
+            self.send(head + line)
+
+    def watch(self) -> int:
+        """Report exits until every worker is done or a stop is requested; the exit code."""
+        reported: dict[int, int] = {}
+        while len(reported) < len(self.procs):
+            if self.stopping.is_set():
+                self.stop()
+            for rank, proc in self.procs.items():
+                code = proc.poll()
+                if code is not None and rank not in reported:
+                    self.pumps[rank].join(1.0)  # its last lines before its exit
+                    reported[rank] = code
+                    self.send(f"X {rank} {code}".encode())
+            time.sleep(0.02)
+        return next((abs(c) for c in reported.values() if c != 0), 0)
+
+    def stop(self) -> None:
+        for proc in self.procs.values():
+            _killpg(proc.pid, signal.SIGTERM)
+        deadline = time.monotonic() + GRACE_S
+        while time.monotonic() < deadline and any(p.poll() is None for p in self.procs.values()):
+            time.sleep(0.02)
+        for proc in self.procs.values():
+            _killpg(proc.pid, signal.SIGKILL)  # the group too: loader workers, shells
+            try:
+                proc.wait(2.0)
+            except subprocess.TimeoutExpired:
+                pass
+
+
+class _Refused(Exception):
+    pass
+
+
+def _killpg(pid: int, sig: int) -> None:
+    try:
+        os.killpg(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _listen(addr: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in addr else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((addr, port))
+    except OSError as exc:
+        sock.close()
+        if port and exc.errno == 98:
+            raise _Refused(f"port {port} on {addr} is in use on host {socket.gethostname()}; "
+                           "choose another --master-port or omit it") from None
+        raise _Refused(f"cannot listen on {addr}:{port} on host {socket.gethostname()} "
+                       f"({exc.strerror}); pass --master-addr or --network-interface with an "
+                       "address of rank 0's host") from None
+    sock.listen(1024)
+    return sock
+
+
+def _watch_stdin(agent: _Agent, stdin: IO[bytes]) -> None:
+    # Anything after the spec is ignored; end of input means "stop now".
+    while stdin.readline():
+        pass
+    agent.stopping.set()
+
+
+def main() -> int:
+    out = sys.stdout.buffer
+    agent = _Agent(out)
+    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+        signal.signal(sig, lambda *_: agent.stopping.set())
+    agent.send(b"R " + json.dumps(info()).encode())
+    stdin = sys.stdin.buffer
+    first = stdin.readline()
+    if not first.strip():
+        return 0  # ringrun went away before sending a spec (e.g. another host failed)
+    listener = None
+    try:
+        spec = json.loads(first)
+        if spec.get("listen"):
+            listener = _listen(spec["listen"]["addr"], int(spec["listen"]["port"]))
+            port = listener.getsockname()[1]
+            agent.send(f"L {port}".encode())
+            for item in spec["ranks"]:
+                item["env"]["MASTER_PORT"] = str(port)
+        agent.start(spec, listener)
+    except _Refused as exc:
+        agent.send(f"E {exc}".encode())
+        agent.stop()
+        return 2
+    finally:
+        if listener is not None:
+            listener.close()  # rank 0 holds its own copy
+    threading.Thread(target=_watch_stdin, args=(agent, stdin), daemon=True).start()
+    return agent.watch()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
