@@ -188,7 +188,9 @@ def _from_openmpi(env: Mapping[str, str]) -> LaunchEnv:
     rank, size = _int(env, "OMPI_COMM_WORLD_RANK"), _int(env, "OMPI_COMM_WORLD_SIZE")
     local_rank = _opt_int(env, "OMPI_COMM_WORLD_LOCAL_RANK", 0) or 0
     local_size = _opt_int(env, "OMPI_COMM_WORLD_LOCAL_SIZE", size) or size
-    cross_rank, cross_size = _cross(rank, size, local_size, _opt_int(env, "OMPI_COMM_WORLD_NODE_RANK", None))
+    # Not OMPI_COMM_WORLD_NODE_RANK: that is the process's rank among all jobs' processes on
+    # its node (a local rank), not the node's index; mpirun -np 2 on one host sets it to 1.
+    cross_rank, cross_size = _cross(rank, size, local_size, None)
     addr = env.get("MASTER_ADDR")
     if addr is None:
         if local_size != size:

@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from ringtrain import collectives, events, runtime
+from ringtrain import collectives, events, runtime, sync
 from ringtrain.buckets import BucketSpec, plan_buckets
 from ringtrain.collectives import Average, ReduceOp, Sum
 from ringtrain.compression import Compression, Compressor
@@ -126,20 +126,11 @@ class DistributedOptimizer(torch.optim.Optimizer):
     def _resolve_strategy(
         strategy: str | collectives.AllreduceAlgorithm, options: dict[str, Any]
     ) -> str | collectives.AllreduceAlgorithm:
-        if not isinstance(strategy, str):
-            return strategy
-        if strategy == "native":
-            if options:
-                raise ConfigError(
-                    f"options {sorted(options)} do not apply to strategy 'native'; remove them"
-                )
-            return strategy
         # HOOK(sync): strategy-specific options (e.g. ps_servers=) are turned into an
         # algorithm object by ringtrain.sync; plain names come from the registry.
-        if options:
-            raise ConfigError(f"unknown DistributedOptimizer options: {sorted(options)}")
-        collectives._algorithm(strategy)  # validates the name with a helpful error
-        return strategy
+        # native/ring/ps become sync strategies: their waits name missing ranks after
+        # stall_timeout (an option too); unknown names and options fail with the choices.
+        return sync.make_strategy(strategy, **options)
 
     def _collect(
         self, named_parameters: Iterable[tuple[str, torch.nn.Parameter]] | None
@@ -217,6 +208,14 @@ class DistributedOptimizer(torch.optim.Optimizer):
         if not self._layout_checked:
             self._layout_checked = True
             # HOOK(sync): compare the exchange signature across ranks before the first launch.
+            sync.check_exchange(
+                self._algorithm,
+                [(self._names[i], self._params[i].shape, self._params[i].dtype)
+                 for b in self._buckets for i in b.spec.params],
+                {"op": self._op.name, "compression": repr(self._compression),
+                 "buckets": " ".join(str(b.spec.numel) for b in self._buckets),
+                 "backward_passes_per_step": str(self.backward_passes_per_step)},
+            )
         self._pack(bucket)
         bucket.launched_at = time.perf_counter()
         bucket.handle = collectives.allreduce_async_(

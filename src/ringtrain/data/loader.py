@@ -21,19 +21,17 @@ import logging
 import time
 import weakref
 from collections.abc import Callable, Iterator
-from functools import partial
 from typing import Any
 
-import numpy as np
 import torch
 
 from ringtrain.data.autotune import Autotuner, CpuBudget, cpu_budget, initial_workers
-from ringtrain.data.collate import default_collate, fresh_alloc, unpack
+from ringtrain.data.collate import fresh_alloc
+from ringtrain.data.feed import WorkerFeed
 from ringtrain.data.order import BatchIndexer, EpochPlan, epoch_batches
 from ringtrain.data.prefetch import CudaBackend, DeviceStager, StagerBackend
-from ringtrain.data.shm import Slot, SlotPool
-from ringtrain.data.workers import BIG, ERR, OK, SampleError, WorkerPool, fetch
-from ringtrain.errors import DataError, WorkerError
+from ringtrain.data.workers import ERR, SampleError, load_batch
+from ringtrain.errors import DataError
 
 __all__ = ["Loader"]
 
@@ -61,34 +59,20 @@ def _runtime_device() -> torch.device:
         return torch.device("cpu")
 
 
-class _Resources:
-    """Everything that must be released at close, held apart from the loader so a
-    ``weakref.finalize`` can clean up without keeping the loader alive."""
+def _make_backend(device: torch.device) -> StagerBackend:
+    """The device runtime for the stager (tests substitute a fake)."""
+    if not torch.cuda.is_available():
+        raise DataError(f"the loader's device is {device} but CUDA is not available; "
+                        "pass device='cpu' (or leave device unset to use rt.device())")
+    return CudaBackend(device)
 
-    def __init__(self) -> None:
-        self.pool: WorkerPool | None = None
-        self.slots: SlotPool | None = None
-        self.stager: DeviceStager | None = None
-        self.refs: dict[int, tuple[weakref.ref, int]] = {}
 
-    def on_drop(self, ref: weakref.ref) -> None:
-        # Runs when the user lets go of the last view of a zero-copy batch.
-        entry = self.refs.pop(id(ref), None)
-        if entry is not None and self.slots is not None:
-            self.slots.release(entry[1])
-
-    def close(self) -> None:
-        if self.stager is not None:
-            try:
-                self.stager.clear()
-            except Exception:  # a broken CUDA context must not stop the cleanup
-                pass
-        if self.pool is not None:
-            self.pool.close()
-            self.pool = None
-        if self.slots is not None:
-            self.slots.close()
-            self.slots = None
+def _describer(loader_ref: weakref.ref) -> Callable[[int], str]:
+    """Names batch k for error messages, without keeping the loader alive."""
+    def describe(k: int) -> str:
+        loader = loader_ref()
+        return loader._describe(k) if loader is not None else f"batch {k}"
+    return describe
 
 
 class _EpochIterator:
@@ -179,9 +163,6 @@ class Loader:
         self.device = torch.device(device) if device is not None else _runtime_device()
         self.timeout = timeout
         self._rank, self._world_size = rank, world_size
-        self._zero_copy = zero_copy
-        self._keep = keep
-        self._prefetch_arg = prefetch
         self._cuda = self.device.type == "cuda"
         self._pin = self._cuda if pin_memory is None else bool(pin_memory) and self._cuda
         self._device_depth = device_prefetch
@@ -207,30 +188,25 @@ class Loader:
         self.last_wait_s = 0.0  #: how long the loop waited for the latest batch
         self.total_wait_s = 0.0  #: the same, summed since construction
         self.batches_yielded = 0
-        self.copied_batches = 0  #: batches copied out because the loop held too many
-        self.fallback_batches = 0  #: batches that did not fit a slot (sent as bytes)
 
         # -- epoch state --------------------------------------------------------------------
         self._epoch = 0
         self._start = 0  # global position the next iteration of this epoch starts at
         self._plan: EpochPlan | None = None
-        self._plan_id = 0
         self._gen = 0
         self._active = False
         self._yielded = 0
-        self._dispatched = 0
         self._staged = 0
-        self._seq_base = 0
-        self._seq_next = 0
-        self._ready: dict[int, tuple] = {}
         self._indexer: BatchIndexer | None = None
         self._gap_from: float | None = None
 
-        self._res = _Resources()
-        self._finalizer = weakref.finalize(self, self._res.close)
-        if self._cuda:
-            backend: StagerBackend = CudaBackend(self.device)
-            self._res.stager = DeviceStager(backend)
+        stager = DeviceStager(_make_backend(self.device)) if self._cuda else None
+        self._feed = WorkerFeed(dataset, self._worker_kwargs, keep=keep, zero_copy=zero_copy,
+                                prefetch=prefetch, stager=stager, pin=self._pin,
+                                device_depth=device_prefetch if self._cuda else 0)
+        self._feed.describe = _describer(weakref.ref(self))
+        self._stager = stager
+        self._finalizer = weakref.finalize(self, self._feed.close)
 
     # ---- public API -------------------------------------------------------------------
     def __len__(self) -> int:
@@ -262,16 +238,14 @@ class Loader:
                 f"{plan.num_samples} samples give no batch of {self.batch_size} on each of "
                 f"{world} ranks with drop_last=True; lower batch_size or set drop_last=False")
         self._gen += 1
-        self._plan_id += 1
         self._plan = plan
-        self._yielded = self._dispatched = self._staged = 0
-        self._seq_base = self._seq_next
-        self._seq_next += plan.num_batches
+        self._yielded = self._staged = 0
         self._indexer = BatchIndexer(plan)
         self._gap_from = None
         self._active = True
         if self.num_workers > 0:
-            self._ensure_pool()
+            self._feed.start(self.num_workers)
+            self._feed.begin(plan)
         return _EpochIterator(self, self._gen)
 
     def state_dict(self) -> dict[str, Any]:
@@ -307,7 +281,6 @@ class Loader:
     def close(self) -> None:
         """Stop the workers and free the shared memory (also done at exit)."""
         self._active = False
-        self._ready.clear()
         self._finalizer()
 
     def __enter__(self) -> Loader:
@@ -319,11 +292,27 @@ class Loader:
     @property
     def last_h2d_s(self) -> float:
         """Device time of the latest finished host-to-device copy (CUDA only)."""
-        return self._res.stager.last_h2d_s if self._res.stager else 0.0
+        return self._stager.last_h2d_s if self._stager is not None else 0.0
 
     @property
     def total_h2d_s(self) -> float:
-        return self._res.stager.total_h2d_s if self._res.stager else 0.0
+        return self._stager.total_h2d_s if self._stager is not None else 0.0
+
+    @property
+    def worker_pids(self) -> list[int]:
+        """Process ids of the running workers (for monitoring; empty without workers)."""
+        pool = self._feed.pool
+        return [] if pool is None or pool.closed else [w.proc.pid for w in pool.workers]
+
+    @property
+    def copied_batches(self) -> int:
+        """Batches copied out of their slot because the loop held ``keep`` others."""
+        return self._feed.copied_batches
+
+    @property
+    def fallback_batches(self) -> int:
+        """Batches that did not fit a slot and travelled as bytes (slot sizing, growth)."""
+        return self._feed.fallback_batches
 
     def stats(self) -> dict[str, Any]:
         """Counters for logging and the step meter."""
@@ -332,7 +321,7 @@ class Loader:
                 "last_h2d_s": self.last_h2d_s, "total_h2d_s": self.total_h2d_s,
                 "copied_batches": self.copied_batches,
                 "fallback_batches": self.fallback_batches,
-                "held_batches": len(self._res.refs)}
+                "held_batches": len(self._feed.refs)}
 
     # ---- set-up helpers -----------------------------------------------------------------
     def _check_dataset(self) -> None:
@@ -355,38 +344,18 @@ class Loader:
         batches = per_rank // self.batch_size if self.drop_last else -(-per_rank // self.batch_size)
         return (epoch + 1, 0) if position >= n or batches <= 0 else (epoch, position)
 
-    @property
-    def _prefetch(self) -> int:
-        return self._prefetch_arg or max(2, 2 * self.num_workers)
-
-    def _max_slots(self) -> int:
-        return self._prefetch + self._keep + (self._device_depth if self._cuda else 0) + 1
-
-    def _ensure_pool(self) -> None:
-        res = self._res
-        if res.pool is not None and not res.pool.closed:
-            return
-        res.pool = WorkerPool(self.dataset, **self._worker_kwargs)  # type: ignore[arg-type]
-        res.slots = SlotPool(self._max_slots(), on_create=self._on_slot_created,
-                             on_retire=self._on_slot_retired)
-        res.refs.clear()
-        res.pool.resize(self.num_workers)
-
-    def _on_slot_created(self, slot: Slot) -> None:
-        if self._pin and isinstance(self._res.stager, DeviceStager):
-            slot.pinned = self._res.stager.backend.register(slot.address, slot.size)
-
-    def _on_slot_retired(self, slot: Slot) -> None:
-        if slot.pinned and self._res.stager is not None:
-            self._res.stager.backend.unregister(slot.address)
-            slot.pinned = False
+    def _describe(self, k: int) -> str:
+        plan = self._plan
+        if plan is None or not 0 <= k < plan.num_batches:
+            return f"batch {k}"
+        idx = BatchIndexer(plan)(k).tolist()
+        shown = idx if len(idx) <= 16 else [*idx[:16], "..."]
+        return f"batch {k} of epoch {plan.epoch} (sample indices {shown})"
 
     def _set_workers(self, n: int) -> None:
         self.num_workers = n
-        if self._res.pool is not None:
-            self._res.pool.resize(n)
-            assert self._res.slots is not None
-            self._res.slots.set_max_slots(self._max_slots())
+        if self._feed.pool is not None:
+            self._feed.start(n)
 
     # ---- iteration --------------------------------------------------------------------
     def _next(self, gen: int) -> Any:
@@ -403,11 +372,13 @@ class Loader:
             if self._cuda:
                 batch = self._next_device()
             elif self.num_workers > 0:
-                batch = self._host_from_worker(self._take(self._yielded), device=False)[0]
+                msg = self._feed.take(self._yielded, self.timeout)
+                batch = self._feed.host_batch(msg, device=False)[0]
             else:
                 batch = self._load_here(self._yielded, pinned=False)
         except BaseException:
-            self._fail()
+            self._gen += 1  # this iteration is over; iterating again starts fresh workers
+            self._feed.fail()
             raise
         t1 = time.perf_counter()
         self.last_wait_s = t1 - t0
@@ -425,150 +396,39 @@ class Loader:
     def _load_here(self, k: int, pinned: bool) -> Any:
         """Load batch ``k`` in this process (num_workers=0)."""
         assert self._indexer is not None
+        stager = self._stager
+        alloc = stager.backend.host_alloc if pinned and stager is not None else fresh_alloc
         try:
-            samples = fetch(self.dataset, self._indexer(k))
+            return load_batch(self.dataset, self._indexer(k), self.collate_fn, alloc)
         except SampleError as err:
             cause = err.__cause__ or err
             if hasattr(cause, "add_note"):
                 cause.add_note(f"(ringtrain loader: while loading sample index {err.index})")
             raise cause from None
-        if self.collate_fn is not None:
-            return self.collate_fn(samples)
-        if pinned:  # the CUDA caching host allocator recycles these buffers safely
-            return default_collate(samples, lambda n: torch.empty(
-                n, dtype=torch.uint8, pin_memory=True).numpy())
-        return default_collate(samples, fresh_alloc)
 
     def _next_device(self) -> Any:
         """Stage up to ``device_prefetch`` batches on the side stream, pop the oldest."""
-        stager = self._res.stager
-        plan = self._plan
+        stager, plan = self._stager, self._plan
         assert stager is not None and plan is not None
         k = self._yielded
         while self._staged < plan.num_batches and len(stager) < self._device_depth:
             j = self._staged
-            if j != k and (self.num_workers == 0 or self._seq_base + j not in self._ready):
-                break  # never wait for a batch the loop does not need yet
+            if j != k:
+                ahead = self._feed.peek(j) if self.num_workers else None
+                if ahead is None or ahead[0] == ERR:
+                    break  # never wait for (or fail on) a batch the loop does not need yet
             if self.num_workers == 0:
-                stager.stage(self._load_here(j, pinned=self._pin), self._pin, None)
+                pinned = self._pin and self.collate_fn is None  # a collate_fn allocates its own
+                stager.stage(self._load_here(j, pinned=pinned), pinned, None)
             else:
-                host, pinned, release = self._host_from_worker(self._take(j), device=True)
+                host, pinned, release = self._feed.host_batch(
+                    self._feed.take(j, self.timeout), device=True)
                 stager.stage(host, pinned, release)
             self._staged += 1
         return stager.pop()
 
-    def _take(self, k: int) -> tuple:
-        """Wait for worker result of batch ``k`` (dispatching work meanwhile)."""
-        pool = self._res.pool
-        assert pool is not None
-        seq = self._seq_base + k
-        deadline = None if self.timeout is None else time.monotonic() + self.timeout
-        while seq not in self._ready:
-            self._dispatch()
-            if seq not in pool.owner and seq not in self._ready:
-                # Not even dispatched: every slot is busy; finished copies free some.
-                if self._res.stager is not None and self._res.stager.copying:
-                    self._res.stager.reap(block=True)
-                    continue
-            wait = 1.0 if deadline is None else max(0.0, min(1.0, deadline - time.monotonic()))
-            for msg in pool.poll(wait):
-                self._accept(msg)
-            if deadline is not None and seq not in self._ready and time.monotonic() >= deadline:
-                raise DataError(
-                    f"no batch from the {len(pool.workers)} loader workers in {self.timeout:g} s "
-                    f"(batch {k} of epoch {self._epoch}); a dataset call may be hanging, or "
-                    "raise Loader(timeout=...)")
-        msg = self._ready.pop(seq)
-        self._dispatch()
-        return msg
-
-    def _dispatch(self) -> None:
-        """Hand out tasks while there are batches to do, free slots and idle workers."""
-        res, plan = self._res, self._plan
-        pool, slots = res.pool, res.slots
-        assert pool is not None and slots is not None and plan is not None
-        if res.stager is not None:
-            res.stager.reap()
-        while (self._dispatched < plan.num_batches
-               and self._dispatched - self._yielded < self._prefetch):
-            worker = pool.pick()
-            if worker is None:
-                break
-            slot = slots.acquire()
-            if slot is None:
-                # Unsized pool: one batch per worker travels as bytes and sizes the slots.
-                if slots.sized or len(pool.owner) >= len(pool.active):
-                    break
-            seq = self._seq_base + self._dispatched
-            pool.submit(worker, seq, self._plan_id, plan, self._dispatched, slot)
-            self._dispatched += 1
-        if slots.retired:
-            pool.forget_slots(slots.retired)
-            slots.retired.clear()
-
-    def _accept(self, msg: tuple) -> None:
-        kind, seq, slot_id = msg[0], msg[1], msg[2]
-        slots = self._res.slots
-        assert slots is not None
-        if kind == BIG:
-            self.fallback_batches += 1
-            slots.fit(msg[4], headroom=0.25 if slot_id >= 0 else 0.0)
-        if kind != OK and slot_id >= 0:
-            slots.release(slot_id)
-        if seq < self._seq_base:  # left over from an abandoned iteration
-            if kind == OK:
-                slots.release(slot_id)
-            return
-        self._ready[seq] = msg
-
-    def _host_from_worker(self, msg: tuple, device: bool
-                          ) -> tuple[Any, bool, Callable[[], None] | None]:
-        """Turn a worker's answer into a host batch (and how to release its slot)."""
-        kind = msg[0]
-        if kind == ERR:
-            raise WorkerError(msg[3])
-        if kind == BIG:
-            return unpack(msg[3], np.frombuffer(msg[5], dtype=np.uint8)), False, None
-        assert kind == OK and self._res.slots is not None
-        slots = self._res.slots
-        slot = slots.slots[msg[2]]
-        raw = slot.fresh_array()
-        if device:  # the stager copies it and releases the slot after the copy event
-            return unpack(msg[3], raw), slot.pinned, partial(slots.release, slot.id)
-        if not self._zero_copy or len(self._res.refs) >= self._keep:
-            batch = unpack(msg[3], raw, copy=True)
-            slots.release(slot.id)
-            self.copied_batches += 1
-            return batch, False, None
-        batch = unpack(msg[3], raw)
-        ref = weakref.ref(raw, self._res.on_drop)
-        self._res.refs[id(ref)] = (ref, slot.id)
-        return batch, False, None
-
     def _abandon(self) -> None:
-        """Forget an unfinished iteration; its in-flight results are discarded on arrival."""
-        slots = self._res.slots
-        for msg in self._ready.values():
-            if msg[0] == OK and slots is not None:
-                slots.release(msg[2])
-        self._ready.clear()
-        if self._res.stager is not None:
-            self._res.stager.clear()
+        """Forget an unfinished iteration (the loop broke out of it)."""
+        self._feed.abandon()
         self._active = False
         self._gen += 1
-
-    def _fail(self) -> None:
-        """After an error or Ctrl-C: stop the workers so nothing is left behind."""
-        self._ready.clear()
-        self._gen += 1
-        pool = self._res.pool
-        if pool is not None:
-            pool.close()
-        if self._res.stager is not None:
-            try:
-                self._res.stager.clear()
-            except Exception:
-                pass
-        if self._res.slots is not None:
-            self._res.slots.close()
-            self._res.slots = None

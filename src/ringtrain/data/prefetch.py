@@ -60,6 +60,7 @@ class StagerBackend(Protocol):
 
     def register(self, ptr: int, size: int) -> bool: ...
     def unregister(self, ptr: int) -> None: ...
+    def host_alloc(self, nbytes: int) -> np.ndarray: ...
     def copy(self, host: Any, non_blocking: bool) -> tuple[Any, Any, Any]: ...
     def done(self, event: Any) -> bool: ...
     def wait(self, event: Any) -> None: ...
@@ -85,6 +86,11 @@ class CudaBackend:
 
     def unregister(self, ptr: int) -> None:
         torch.cuda.cudart().cudaHostUnregister(ptr)
+
+    def host_alloc(self, nbytes: int) -> np.ndarray:
+        # Page-locked memory from torch's caching host allocator (num_workers=0): it
+        # records an event on each non_blocking copy and recycles a block only after it.
+        return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True).numpy()
 
     def copy(self, host: Any, non_blocking: bool) -> tuple[Any, Any, Any]:
         start = torch.cuda.Event(enable_timing=True)

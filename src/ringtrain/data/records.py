@@ -199,13 +199,14 @@ class _Shard:
                 f"{_REC_HEADER.size + self.nbytes}; record {lost} of this shard (and every later "
                 "one) is cut off. Rewrite the shard from the source")
 
-    def read(self, j: int, a: int, b: int, crc: int | None) -> bytes:
+    def read(self, i: int, j: int, a: int, b: int, crc: int | None) -> bytes:
+        """Record ``j`` of this shard (global index ``i``, for the error message)."""
         h = _REC_HEADER.size
         data = self._dmm[h + a:h + b]
         if crc is not None and zlib.crc32(data) != crc:
             raise DataError(
-                f"record {j} of shard {self.data_path} (bytes {a}..{b}) fails its crc32 check: "
-                "the shard is corrupt; rewrite it from the source")
+                f"record {i} (record {j} of shard {self.data_path}, bytes {a}..{b}) fails its "
+                "crc32 check: the shard is corrupt; rewrite it from the source")
         return data
 
     def payload_crc(self) -> int:
@@ -299,10 +300,7 @@ class RecordDataset:
         s, j = self._locate(int(i))
         sh = self._shards[s]
         a, b = int(sh.offsets[j]), int(sh.offsets[j + 1])
-        try:
-            return sh.read(j, a, b, int(sh.crcs[j]) if self.check_records else None)
-        except DataError as err:
-            raise DataError(f"record {i}: {err}") from None
+        return sh.read(self._starts[s] + j, j, a, b, int(sh.crcs[j]) if self.check_records else None)
 
     def __getitem__(self, i: int) -> Any:
         data = self.record(i)
@@ -324,11 +322,9 @@ class RecordDataset:
             rows = zip(sel.tolist(), local.tolist(), sh.offsets[local].tolist(),
                        sh.offsets[local + 1].tolist(),
                        sh.crcs[local].tolist() if check else [None] * len(sel))
+            base = self._starts[s]
             for k, j, a, b, crc in rows:
-                try:
-                    data = sh.read(j, a, b, crc)
-                except DataError as err:
-                    raise DataError(f"record {int(idx[k])}: {err}") from None
+                data = sh.read(base + j, j, a, b, crc)
                 out[k] = data if tf is None else tf(data)
         return out
 
@@ -341,11 +337,7 @@ class RecordDataset:
             if sh.payload_crc() == sh.crc32:
                 continue
             for j in range(sh.records):  # find the record: only on the failure path
-                a, b = int(off[j]), int(off[j + 1])
-                try:
-                    sh.read(j, a, b, int(sh.crcs[j]))
-                except DataError as err:
-                    raise DataError(f"record {self._starts[s] + j}: {err}") from None
+                sh.read(self._starts[s] + j, j, int(off[j]), int(off[j + 1]), int(sh.crcs[j]))
             raise DataError(f"shard {sh.data_path} fails its crc32 check but every record "
                             "passes its own: the index is corrupt; rewrite the shard")
 

@@ -28,24 +28,37 @@ import logging
 import multiprocessing as mp
 import os
 import random
+import select
 import signal
 import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from multiprocessing.connection import Connection, wait
+from multiprocessing.connection import Connection
 from multiprocessing.reduction import recv_handle, send_handle
 from typing import Any
 
 import numpy as np
 import torch
 
-from ringtrain.data.collate import Arena, SlotFull, default_collate, fresh_alloc, pack, spec_nbytes
+from ringtrain.data.collate import (
+    STREAM_MIN_BYTES,
+    Alloc,
+    Arena,
+    SlotFull,
+    StreamCollator,
+    default_collate,
+    fresh_alloc,
+    pack,
+    sample_nbytes,
+    spec_nbytes,
+)
 from ringtrain.data.order import BatchIndexer, EpochPlan, batch_seed
 from ringtrain.data.shm import Slot, WorkerSlots
 from ringtrain.errors import DataError, WorkerDiedError, WorkerError
 
-__all__ = ["WorkerInfo", "get_worker_info", "WorkerPool", "fetch", "TASK", "OK", "BIG", "ERR"]
+__all__ = ["WorkerInfo", "get_worker_info", "WorkerPool", "fetch", "load_batch", "SampleError",
+           "TASK", "OK", "BIG", "ERR"]
 
 log = logging.getLogger("ringtrain.data")
 
@@ -88,7 +101,7 @@ def fetch(dataset: Any, indices: np.ndarray) -> list[Any]:
             return list(getitems(idx))
         except Exception as err:
             raise SampleError(idx) from err
-    samples = []
+    samples: list[Any] = []
     append = samples.append
     i = -1
     try:
@@ -99,13 +112,43 @@ def fetch(dataset: Any, indices: np.ndarray) -> list[Any]:
     return samples
 
 
+def load_batch(dataset: Any, indices: np.ndarray,
+               collate_fn: Callable[[list[Any]], Any] | None, alloc: Alloc) -> Any:
+    """Fetch and collate one batch; large samples are copied into it as they arrive."""
+    if collate_fn is not None:
+        return collate_fn(fetch(dataset, indices))
+    if hasattr(dataset, "__getitems__"):
+        return default_collate(fetch(dataset, indices), alloc)
+    idx = indices.tolist()
+    try:
+        first = dataset[idx[0]]
+    except Exception as err:
+        raise SampleError(idx[0]) from err
+    if sample_nbytes(first) < STREAM_MIN_BYTES:
+        return default_collate([first, *fetch(dataset, indices[1:])], alloc)
+    collator = StreamCollator(first, len(idx), alloc)
+    put = collator.put
+    put(0, first)
+    del first
+    for k in range(1, len(idx)):
+        i = idx[k]
+        try:
+            sample = dataset[i]
+        except Exception as err:
+            raise SampleError(i) from err
+        put(k, sample)
+    return collator.result()
+
+
 # ---- the worker process ------------------------------------------------------------
 def _seed_batch(seed: int) -> None:
     # Augmentations draw from the global RNGs; seeding them per batch from its
     # position makes them independent of which worker got the batch, and resumable.
     random.seed(seed)
     np.random.seed(seed & 0xFFFFFFFF)
-    torch.manual_seed(seed)
+    # The CPU generator only: torch.manual_seed also walks every accelerator backend
+    # and costs ~125 us (measured), a tenth of a tiny-sample batch.
+    torch.default_generator.manual_seed(seed)
 
 
 def _worker_main(wid: int, num_workers: int, conn: Connection, dataset: Any,
@@ -125,8 +168,10 @@ def _worker_main(wid: int, num_workers: int, conn: Connection, dataset: Any,
             conn.send((ERR, -1, -1, f"{_who()}: worker_init_fn raised:\n"
                        + traceback.format_exc().rstrip()))
             return
+    readable = select.poll()  # Connection.poll would build a selector per message
+    readable.register(conn.fileno(), select.POLLIN)
     while True:
-        if not conn.poll(1.0):
+        if not readable.poll(1000):
             if os.getppid() != parent_pid:
                 return  # the training process is gone: exit instead of lingering
             continue
@@ -157,27 +202,29 @@ def _run_task(conn: Connection, seq: int, indexer: BatchIndexer, batch: int, slo
     plan = indexer.plan
     try:
         indices = indexer(batch)
+        seed = batch_seed(plan.seed, plan.epoch, plan.rank,
+                          plan.start + batch * plan.batch_size * plan.world_size)
         if seed_batches:
-            _seed_batch(batch_seed(plan.seed, plan.epoch, plan.rank,
-                                   plan.start + batch * plan.batch_size * plan.world_size))
-        samples = fetch(dataset, indices)
+            _seed_batch(seed)
         out: Any = None
         if slot_id >= 0:
             arena = Arena(slots.array(slot_id))
             try:
-                out = default_collate(samples, arena.alloc) if collate_fn is None \
-                    else collate_fn(samples)
+                out = load_batch(dataset, indices, collate_fn, arena.alloc)
                 conn.send((OK, seq, slot_id, pack(out, arena)))
                 return
             except SlotFull:
                 pass  # too big for the slot: send it whole, the parent grows the slots
         if out is None or collate_fn is None:
-            out = default_collate(samples, fresh_alloc) if collate_fn is None \
-                else collate_fn(samples)
+            # The default collate allocates as it goes, so it starts over; reseeding
+            # makes the samples fetched again identical to the first ones.
+            if seed_batches:
+                _seed_batch(seed)
+            out = load_batch(dataset, indices, collate_fn, fresh_alloc)
         arena = Arena(np.empty(spec_nbytes(out), dtype=np.uint8))
         spec = pack(out, arena)
         conn.send((BIG, seq, slot_id, spec, arena.used))
-        conn.send_bytes(arena.buf[:arena.used])
+        conn.send_bytes(arena.buf[:arena.used].data)
     except SampleError as err:
         cause = err.__cause__ or err
         where = (f"sample index {err.index}" if isinstance(err.index, int)
@@ -210,6 +257,7 @@ class _Worker:
     slots: set[int] = field(default_factory=set)
     plans: set[int] = field(default_factory=set)
     retiring: bool = False
+    readable: Any = None  # a select.poll on conn alone: Connection.poll builds a selector per call
 
 
 class WorkerPool:
@@ -237,6 +285,10 @@ class WorkerPool:
         self.target = 0
         self.closed = False
         self.owner: dict[int, _Worker] = {}  # seq -> worker
+        self._poll_obj: select.poll | None = None
+        self._poll_map: dict[int, _Worker] = {}
+        #: Set by the loader: names the batch behind a task seq in error messages.
+        self.describe: Callable[[int], str] = lambda seq: f"task {seq}"
 
     # ---- size ------------------------------------------------------------------------
     @property
@@ -257,13 +309,16 @@ class WorkerPool:
         parent_conn, child_conn = self._ctx.Pipe(duplex=True)
         wid = self._next_wid
         self._next_wid += 1
-        proc = self._ctx.Process(
+        proc = self._ctx.Process(  # type: ignore[attr-defined]
             target=_worker_main, name=f"ringtrain-loader-{wid}", daemon=True,
             args=(wid, n, child_conn, self._dataset, self._collate_fn, self._seed,
                   self._seed_batches, self._init_fn, os.getpid()))
         proc.start()
         child_conn.close()  # so the worker's end lives only in the worker
-        self.workers.append(_Worker(wid, proc, parent_conn))
+        readable = select.poll()
+        readable.register(parent_conn.fileno(), select.POLLIN)
+        self.workers.append(_Worker(wid, proc, parent_conn, readable=readable))
+        self._poll_obj = None
         log.debug("started loader worker %d (pid %d)", wid, proc.pid)
 
     def _stop_if_idle(self, w: _Worker) -> None:
@@ -311,26 +366,41 @@ class WorkerPool:
                         pass
 
     # ---- results ---------------------------------------------------------------------
+    def _poller(self) -> select.poll:
+        # One poll object kept across calls: multiprocessing.connection.wait builds a
+        # selector per call, which cost more than the rest of the parent's per-batch work.
+        if self._poll_obj is None:
+            self._poll_obj = select.poll()
+            self._poll_map = {}
+            for w in self.workers:
+                for fd in (w.conn.fileno(), w.proc.sentinel):
+                    self._poll_obj.register(fd, select.POLLIN)
+                    self._poll_map[fd] = w
+        return self._poll_obj
+
     def poll(self, timeout: float | None) -> list[tuple]:
         """Messages from the workers within ``timeout`` s; raises if one died."""
-        conns = {w.conn: w for w in self.workers}
-        sentinels = {w.proc.sentinel: w for w in self.workers}
+        poller = self._poller()
+        events = poller.poll(None if timeout is None else int(timeout * 1000))
         out: list[tuple] = []
-        ready = wait(list(conns) + list(sentinels), timeout)
-        for obj in ready:
-            w = conns.get(obj)  # type: ignore[call-overload]
-            if w is not None:
+        exited = []
+        for fd, _ in events:
+            w = self._poll_map.get(fd)
+            if w is None:
+                continue
+            if fd == w.proc.sentinel:
+                exited.append(w)
+            else:
                 self._drain(w, out)
-        for obj in ready:
-            w = sentinels.get(obj)  # type: ignore[call-overload]
-            if w is not None and w in self.workers:
+        for w in exited:
+            if w in self.workers:
                 self._drain(w, out)
                 self._exited(w)
         return out
 
     def _drain(self, w: _Worker, out: list[tuple]) -> None:
         try:
-            while w.conn.poll():
+            while w.readable.poll(0):
                 msg = w.conn.recv()
                 if msg[0] == BIG:
                     buf = bytearray(msg[4])
@@ -349,6 +419,7 @@ class WorkerPool:
         w.proc.join(timeout=1.0)
         if w.retiring and not w.outstanding:
             self.workers.remove(w)
+            self._poll_obj = None
             w.conn.close()
             return
         self._raise_died(w, min(w.outstanding) if w.outstanding else None)
@@ -366,7 +437,7 @@ class WorkerPool:
             how = f"exited with status {code}"
         raise WorkerDiedError(
             f"loader worker {w.wid} (pid {w.proc.pid}) {how}"
-            + ("" if seq is None else f" while loading batch seq {seq}")
+            + ("" if seq is None else f" while loading {self.describe(seq)}")
             + "; if it ran out of memory (see `dmesg`), lower num_workers, batch_size "
             "or prefetch")
 

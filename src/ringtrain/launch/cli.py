@@ -17,8 +17,10 @@ import sys
 from pathlib import Path
 
 from ringtrain.errors import ConfigError, RingtrainError
+from ringtrain.launch import network
 from ringtrain.launch.hosts import Host, is_local_host, parse_hostfile, parse_hosts, place_ranks
 from ringtrain.launch.job import JobConfig, run_job
+from ringtrain.launch.ssh import SshOptions, parse_ssh_option
 
 __all__ = ["build_config", "build_parser", "main"]
 
@@ -47,13 +49,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-prefix", action="store_true", help="do not prefix output lines with [rank]")
     p.add_argument("-p", "--ssh-port", type=int, help="ssh port of the remote hosts")
     p.add_argument("-i", "--ssh-identity-file", help="ssh private key for the remote hosts")
+    p.add_argument("--ssh-option", action="append", default=[], metavar="KEY=VALUE",
+                   help="extra ssh -o option, e.g. UserKnownHostsFile=/path (repeatable)")
     p.add_argument("-x", dest="export", action="append", default=[], metavar="VAR[=VALUE]",
                    help="pass an environment variable to every worker (repeatable)")
     p.add_argument("--network-interface", help="interface (e.g. eth1) for the rendezvous and Gloo/NCCL traffic")
     p.add_argument("--master-addr", help="address of rank 0's host that all hosts can reach")
     p.add_argument("--master-port", type=int, help="rendezvous port (default: a free one)")
     p.add_argument("--start-timeout", type=float, default=30.0,
-                   help="seconds to wait for remote hosts to come up (default 30)")
+                   help="seconds to wait for every remote host's agent to answer (default 30)")
     p.add_argument("--backend", choices=["auto", "gloo", "nccl"], help="sets RINGTRAIN_BACKEND")
     p.add_argument("--stall-timeout", type=float, help="sets RINGTRAIN_STALL_TIMEOUT (seconds)")
     p.add_argument("--fusion-mb", type=float, help="sets RINGTRAIN_FUSION_MB")
@@ -88,10 +92,33 @@ def _settings_env(args: argparse.Namespace) -> dict[str, str]:
             env[f"RINGTRAIN_{flag.upper()}"] = str(value)
     if args.no_progress:
         env["RINGTRAIN_PROGRESS"] = "0"
-    if args.network_interface:
-        env["GLOO_SOCKET_IFNAME"] = args.network_interface
-        env["NCCL_SOCKET_IFNAME"] = args.network_interface
     return env
+
+
+def _ssh_options(args: argparse.Namespace) -> SshOptions:
+    identity = args.ssh_identity_file
+    if identity is not None and not os.access(identity, os.R_OK):
+        raise ConfigError(f"--ssh-identity-file {identity} cannot be read; check the path")
+    return SshOptions(
+        port=args.ssh_port,
+        identity_file=identity,
+        options=tuple(parse_ssh_option(o) for o in args.ssh_option),
+        connect_timeout=args.start_timeout,
+    )
+
+
+def _check_interface(name: str | None, any_local: bool, multi_host: bool) -> str | None:
+    if name is None:
+        return None
+    if not multi_host:
+        print(f"ringrun: warning: --network-interface {name} has no effect on a one-host job "
+              "(it stays on loopback)", file=sys.stderr)
+        return None
+    if any_local and network.address_of_interface(name) is None:
+        have = ", ".join(network.interface_addresses()) or "none"
+        raise ConfigError(f"--network-interface {name} has no IPv4 address on this host "
+                          f"(interfaces with one: {have}); pick one of those")
+    return name
 
 
 def _exports(items: list[str]) -> dict[str, str]:
@@ -116,6 +143,8 @@ def build_config(argv: list[str]) -> JobConfig:
     _check_command(command)
     if args.max_restarts < 0:
         raise ConfigError(f"--max-restarts must be >= 0, got {args.max_restarts}")
+    if args.start_timeout <= 0:
+        raise ConfigError(f"--start-timeout must be > 0 seconds, got {args.start_timeout:g}")
     if args.master_port is not None and not 0 < args.master_port < 65536:
         raise ConfigError(f"--master-port {args.master_port} is not a TCP port; use 1..65535")
     if args.hosts:
@@ -125,12 +154,11 @@ def build_config(argv: list[str]) -> JobConfig:
     else:
         hosts = [Host("localhost", max(1, args.np))]
     placements = place_ranks(hosts, args.np)
-    remote = sorted({p.host for p in placements if not is_local_host(p.host)})
-    if remote:
-        raise ConfigError(
-            f"hosts {', '.join(remote)} are remote; multi-host launch over ssh is not available "
-            "in this version: run on localhost"
-        )
+    multi_host = any(not is_local_host(p.host) for p in placements)
+    any_local = any(is_local_host(p.host) for p in placements)
+    if sum(is_local_host(h.name) for h in hosts) > 1:
+        raise ConfigError("this host is listed more than once (e.g. localhost and 127.0.0.1); "
+                          "list it once with its total slots")
     return JobConfig(
         command=tuple(command),
         placements=tuple(placements),
@@ -141,6 +169,9 @@ def build_config(argv: list[str]) -> JobConfig:
         master_addr=args.master_addr,
         master_port=args.master_port,
         settings_env=_settings_env(args),
+        ssh=_ssh_options(args),
+        network_interface=_check_interface(args.network_interface, any_local, multi_host),
+        start_timeout=args.start_timeout,
     )
 
 
@@ -148,9 +179,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = build_config(list(sys.argv[1:] if argv is None else argv))
         return run_job(cfg)
-    except RingtrainError as exc:
+    except ConfigError as exc:
         print(f"ringrun: error: {exc}", file=sys.stderr)
         return 2
+    except RingtrainError as exc:
+        print(f"ringrun: error: {exc}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         return 130
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import socket
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,7 +34,8 @@ class Placement:
 
 
 def is_local_host(name: str) -> bool:
-    return name in _LOCAL_NAMES or name.startswith("127.")
+    """Loopback names and this machine's own host name run without ssh."""
+    return name in _LOCAL_NAMES or name.startswith("127.") or name == socket.gethostname()
 
 
 def _check_host(name: str, where: str) -> None:

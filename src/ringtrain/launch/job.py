@@ -1,28 +1,50 @@
 """Run a job: start every rank, watch them, stop them all on the first failure, restart.
 
-A job is a list of placements (rank -> host) and a command. Each attempt gets a fresh
-rendezvous (new port, new ``RINGTRAIN_ATTEMPT`` key prefix) so nothing of a dead
+A job is a list of placements (rank -> host) and a command. Local ranks are child
+processes (:class:`~ringtrain.launch.proc.Worker`); each remote host is one ssh
+connection to a host agent that runs that host's ranks
+(:class:`~ringtrain.launch.agent.RemoteHost`). Each attempt gets a fresh rendezvous
+(new listening socket, new ``RINGTRAIN_ATTEMPT`` key prefix) so nothing of a dead
 attempt is reused. ``run_job`` returns the exit code ringrun should exit with.
+
+An attempt starts in three steps: connect to every remote host and wait for its agent
+(``--start-timeout``; the hosts that did not answer are named), choose rank 0's address
+and bind its rendezvous socket there (ringrun binds it for a local rank 0, the agent
+for a remote one, so a port in use is reported before any worker starts), then start
+the workers.
 """
 
 from __future__ import annotations
 
-import logging
 import os
 import signal
 import socket
 import sys
 import time
 import uuid
-from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
+from ringtrain.errors import ConfigError, LaunchError
+from ringtrain.launch import network
+from ringtrain.launch.agent import HOST_LOST, RemoteHost
 from ringtrain.launch.hosts import Placement, is_local_host
-from ringtrain.launch.proc import OutputSink, Worker, stop_all
+from ringtrain.launch.proc import Member, OutputSink, Worker, stop_all
+from ringtrain.launch.remote import worker_extras
+from ringtrain.launch.ssh import SshOptions, agent_command, forwarded_env, ssh_argv
 
-__all__ = ["JobConfig", "describe_exit", "run_job", "worker_env"]
+__all__ = ["JobConfig", "choose_master_addr", "describe_exit", "run_job", "worker_env"]
 
-log = logging.getLogger("ringtrain.launch")
+#: Seconds without ringrun's heartbeat after which a host agent stops its ranks: a network
+#: partition closes no connection, and the ranks must not outlive their job. Twice
+#: ssh's own dead-peer detection (ServerAliveInterval 5 x CountMax 3, see ssh.py), so a
+#: stalled but live ringrun is not mistaken for a partition.
+HEARTBEAT_TIMEOUT_S = 30.0
+HEARTBEAT_EVERY_S = 1.0
+
+#: Seconds between stop request and SIGKILL; above the host agent's own 1.5 s grace so
+#: remote workers are stopped by their agent, and below the 5 s a Ctrl-C may take.
+STOP_GRACE_S = 2.5
 
 
 @dataclass(frozen=True)
@@ -33,14 +55,29 @@ class JobConfig:
     output_dir: str | None = None
     prefix_output: bool = True
     extra_env: dict[str, str] = field(default_factory=dict)
-    #: Builds the argv that starts ``command`` with ``env`` on a remote host (ssh);
-    #: None means every placement must be local.
-    remote_argv: Callable[[str, dict[str, str], Sequence[str]], list[str]] | None = None
     #: Address other hosts use to reach rank 0's rendezvous (multi-host jobs).
     master_addr: str | None = None
     master_port: int | None = None
     cwd: str | None = None
     settings_env: dict[str, str] = field(default_factory=dict)
+    ssh: SshOptions = field(default_factory=SshOptions)
+    network_interface: str | None = None
+    start_timeout: float = 30.0
+    #: The interpreter that runs the host agent on remote hosts (same path everywhere).
+    python: str = sys.executable
+    #: Seconds of silence from ringrun after which a host agent stops its ranks.
+    heartbeat_timeout: float = HEARTBEAT_TIMEOUT_S
+
+    @property
+    def hosts(self) -> list[str]:
+        seen: dict[str, None] = {}
+        for p in self.placements:
+            seen.setdefault(p.host, None)
+        return list(seen)
+
+    @property
+    def multi_host(self) -> bool:
+        return any(not is_local_host(h) for h in self.hosts)
 
 
 def describe_exit(code: int) -> str:
@@ -65,7 +102,8 @@ def _threads_per_worker(local_size: int) -> int:
 
 
 def worker_env(
-    p: Placement, size: int, addr: str, port: int, attempt: int, run_id: str, base: dict[str, str]
+    p: Placement, size: int, addr: str, port: int, attempt: int, run_id: str, base: dict[str, str],
+    set_threads: bool = True,
 ) -> dict[str, str]:
     """The environment contract between ringrun and ``rt.init()`` (also torchrun-compatible)."""
     env = dict(base)
@@ -82,13 +120,16 @@ def worker_env(
         WORLD_SIZE=str(size),
         LOCAL_RANK=str(p.local_rank),
         LOCAL_WORLD_SIZE=str(p.local_size),
+        GROUP_RANK=str(p.cross_rank),
         MASTER_ADDR=addr,
         MASTER_PORT=str(port),
         PYTHONUNBUFFERED="1",
     )
     # Without this every rank would start one thread per core and they would fight for
-    # the same cores (torchrun sets OMP_NUM_THREADS=1 for the same reason).
-    env.setdefault("OMP_NUM_THREADS", str(_threads_per_worker(p.local_size)))
+    # the same cores (torchrun sets OMP_NUM_THREADS=1 for the same reason). Remote
+    # hosts count their own cores (the host agent fills it in).
+    if set_threads:
+        env.setdefault("OMP_NUM_THREADS", str(_threads_per_worker(p.local_size)))
     return env
 
 
@@ -97,76 +138,224 @@ class _Stop(Exception):
         self.signum = signum
 
 
-def _listen_loopback() -> socket.socket:
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.bind(("127.0.0.1", 0))
+class _HostsDown(Exception):
+    """Some remote hosts did not come up (fatal at the first attempt, retried later)."""
+
+
+def _listen(addr: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in addr else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((addr, port))
+    except OSError as exc:
+        sock.close()
+        if port and exc.errno == 98:  # EADDRINUSE
+            raise ConfigError(f"--master-port {port} is in use on {addr}; choose another port or "
+                              "omit --master-port to let ringrun pick a free one") from None
+        raise ConfigError(f"cannot listen on {addr}:{port} ({exc.strerror}); pass --master-addr "
+                          "with an address of this host") from None
     sock.listen(1024)
     return sock
 
 
-def _free_port(addr: str) -> int:
-    with socket.socket() as s:
-        s.bind(("" if addr in ("0.0.0.0",) else addr, 0))
-        return int(s.getsockname()[1])
+def choose_master_addr(cfg: JobConfig, infos: dict[str, dict[str, Any]]) -> str:
+    """The address every rank reaches rank 0's rendezvous at.
+
+    ``--master-addr`` wins; then the address of ``--network-interface`` on rank 0's host;
+    then, for a remote rank 0, the address ringrun reached that host at (ssh tells the
+    agent), and for a local rank 0 in a multi-host job the address the first remote host
+    sees ringrun's host at. A one-host job stays on loopback.
+    """
+    if cfg.master_addr:
+        return cfg.master_addr
+    host0 = cfg.placements[0].host
+    iface = cfg.network_interface
+    if is_local_host(host0):
+        if not infos:
+            return "127.0.0.1"
+        if iface:
+            addr = network.address_of_interface(iface)
+            if addr is None:
+                raise ConfigError(f"--network-interface {iface} has no IPv4 address on this host "
+                                  f"(it has {', '.join(network.interface_addresses())})")
+            return addr
+        first_host, first = next(iter(infos.items()))
+        addr = first.get("client_addr") or network.source_address_for(
+            network.resolve(first_host) or first_host)
+        if not addr:
+            raise ConfigError(f"cannot tell which address of this host {first_host} can reach; "
+                              "pass --master-addr or --network-interface")
+        return str(addr)
+    info = infos[host0]
+    if iface:
+        addr = info["ifaces"].get(iface)
+        if addr is None:
+            raise ConfigError(f"--network-interface {iface} does not exist on host {host0} (it has "
+                              f"{', '.join(info['ifaces'])}); pick an interface every host has")
+        return str(addr)
+    addr = info.get("server_addr") or network.resolve(host0)
+    if not addr:
+        raise ConfigError(f"cannot resolve host {host0}; pass --master-addr")
+    return str(addr)
 
 
-def _start_attempt(cfg: JobConfig, attempt: int, run_id: str, sink: OutputSink) -> list[Worker]:
-    size = len(cfg.placements)
-    all_local = all(is_local_host(p.host) for p in cfg.placements)
-    listener: socket.socket | None = None
-    if all_local and cfg.master_port is None:
-        # Bind the rendezvous socket here and hand it to rank 0: no port race, and a
-        # one-host job listens on loopback only.
-        listener = _listen_loopback()
-        addr, port = "127.0.0.1", int(listener.getsockname()[1])
-    else:
-        addr = cfg.master_addr or "127.0.0.1"
-        port = (cfg.master_port + attempt) if cfg.master_port else _free_port(addr)
-    base = dict(os.environ)
-    base.update(cfg.settings_env)
-    workers: list[Worker] = []
+def _await_agents(cfg: JobConfig, remote: dict[str, RemoteHost], attempt: int,
+                  stop_flag: list[int]) -> None:
+    """Wait for every agent's ready line; raise _HostsDown naming the hosts that failed."""
+    deadline = time.monotonic() + cfg.start_timeout
+    pending = set(remote)
+    refused: dict[str, str] = {}
+    while pending and time.monotonic() < deadline:
+        if stop_flag:
+            raise _Stop(stop_flag[0])
+        for host in sorted(pending):
+            h = remote[host]
+            if h.wait_ready(time.monotonic() + 0.01):
+                pending.discard(host)
+                refused.pop(host, None)
+            elif h.ssh_done():
+                refused[host] = h.problem()
+                if attempt == 0:  # a typo or a host that was never up: no point waiting
+                    pending.discard(host)
+                else:  # a host that died may be rebooting: keep trying until the deadline
+                    time.sleep(0.3)
+                    h.connect()
+    if refused or pending:
+        parts = []
+        if refused:
+            parts.append("could not start the host agent on "
+                         + "; ".join(f"{h} ({why})" for h, why in refused.items()))
+        late = sorted(pending - set(refused))
+        if late:
+            parts.append(f"host(s) {', '.join(late)} did not come up within {cfg.start_timeout:g}s ("
+                         + "; ".join(remote[h].problem() for h in late) + ")")
+        port = f"-p {cfg.ssh.port} " if cfg.ssh.port else ""
+        raise _HostsDown(
+            f"{'; '.join(parts)}; check that 'ssh {port}HOST true' works without a password"
+            + (", or raise --start-timeout" if late else "")
+        )
+
+
+def _connect_hosts(cfg: JobConfig, attempt: int, sink: OutputSink,
+                   stop_flag: list[int]) -> dict[str, RemoteHost]:
+    remote: dict[str, RemoteHost] = {}
+    by_host: dict[str, list[int]] = {}
+    for p in cfg.placements:
+        if not is_local_host(p.host):
+            by_host.setdefault(p.host, []).append(p.rank)
+    command = agent_command(cfg.python)
     try:
+        for host, ranks in by_host.items():
+            remote[host] = RemoteHost(host, ssh_argv(host, cfg.ssh, command), tuple(ranks), sink,
+                                      attempt, dict(os.environ))
+        _await_agents(cfg, remote, attempt, stop_flag)
+    except BaseException:
+        stop_all(list(remote.values()), grace=0.5)
+        raise
+    return remote
+
+
+def _start_attempt(cfg: JobConfig, attempt: int, run_id: str, sink: OutputSink,
+                   stop_flag: list[int]) -> list[Member]:
+    size = len(cfg.placements)
+    remote = _connect_hosts(cfg, attempt, sink, stop_flag)
+    members: list[Member] = list(remote.values())
+    listener: socket.socket | None = None
+    try:
+        addr = choose_master_addr(cfg, {h: r.info or {} for h, r in remote.items()})
+        host0 = cfg.placements[0].host
+        net_env: dict[str, str] = {}
+        if cfg.network_interface and remote:
+            net_env = {"GLOO_SOCKET_IFNAME": cfg.network_interface,
+                       "NCCL_SOCKET_IFNAME": cfg.network_interface}
+        cwd = cfg.cwd or os.getcwd()
+        if is_local_host(host0):
+            listener = _listen(addr, cfg.master_port or 0)
+            port = int(listener.getsockname()[1])
+        else:
+            # The agent of rank 0's host binds the socket and tells us the port.
+            h0 = remote[host0]
+            h0.send_spec(_spec(cfg, h0, addr, 0, attempt, run_id, cwd, net_env,
+                               listen={"addr": addr, "port": cfg.master_port or 0}))
+            got = h0.wait_port(time.monotonic() + cfg.start_timeout)
+            if got is None:
+                raise LaunchError(f"host {host0} could not open the rendezvous: {h0.problem()}")
+            port = got
+        for host, h in remote.items():
+            if host != host0:
+                h.send_spec(_spec(cfg, h, addr, port, attempt, run_id, cwd, net_env, listen=None))
+        base = dict(os.environ)
+        base.update(cfg.settings_env)
+        base.update(net_env)
         for p in cfg.placements:
+            if not is_local_host(p.host):
+                continue
             env = worker_env(p, size, addr, port, attempt, run_id, {})
             env.update(cfg.extra_env)
-            if is_local_host(p.host):
-                full = dict(base)
-                full.update(env)
-                fds: tuple[int, ...] = ()
-                if listener is not None and p.rank == 0:
-                    full["RINGTRAIN_STORE_FD"] = str(listener.fileno())
-                    fds = (listener.fileno(),)
-                workers.append(Worker(p.rank, cfg.command, full, sink, attempt, fds, cfg.cwd))
-            else:
-                if cfg.remote_argv is None:
-                    raise RuntimeError(f"rank {p.rank} is placed on remote host {p.host} without ssh")
-                env.update(cfg.settings_env)
-                argv = cfg.remote_argv(p.host, env, cfg.command)
-                workers.append(Worker(p.rank, argv, dict(base), sink, attempt, (), cfg.cwd, stdin_pipe=True))
+            full = dict(base)
+            full.update(env)
+            full.update(worker_extras(full, p.local_size, 1))
+            fds: tuple[int, ...] = ()
+            if listener is not None and p.rank == 0:
+                full["RINGTRAIN_STORE_FD"] = str(listener.fileno())
+                fds = (listener.fileno(),)
+            members.append(Worker(p.rank, cfg.command, full, sink, attempt, fds, cfg.cwd, p.host))
     except BaseException:
-        stop_all(workers)
+        stop_all(members, grace=STOP_GRACE_S)
         raise
     finally:
         if listener is not None:
             listener.close()  # rank 0 holds its own copy of the descriptor
-    return workers
+    return members
 
 
-def _watch(workers: list[Worker], stop_flag: list[int]) -> tuple[Worker | None, int]:
-    """Wait until all exit 0 (-> (None, 0)) or one fails (-> (worker, code))."""
+def _spec(cfg: JobConfig, h: RemoteHost, addr: str, port: int, attempt: int, run_id: str,
+          cwd: str, net_env: dict[str, str], listen: dict[str, Any] | None) -> dict[str, Any]:
+    size = len(cfg.placements)
+    base = forwarded_env(os.environ, cfg.extra_env)
+    base.update(cfg.settings_env)
+    base.update(net_env)
+    ranks = []
+    for r in h.ranks:
+        p = cfg.placements[r]
+        env = worker_env(p, size, addr, port, attempt, run_id, base, set_threads=False)
+        ranks.append({"rank": r, "local_size": p.local_size, "env": env})
+    return {"cwd": cwd, "command": list(cfg.command), "ranks": ranks, "listen": listen,
+            "heartbeat_timeout": cfg.heartbeat_timeout}
+
+
+def _watch(members: list[Member], stop_flag: list[int]) -> tuple[Member | None, int, int]:
+    """Wait until all exit 0 (-> (None, -1, 0)) or one fails (-> (member, rank, code))."""
+    total = sum(len(m.ranks) for m in members)
+    next_beat = 0.0
     while True:
         if stop_flag:
             raise _Stop(stop_flag[0])
-        running = False
-        for w in workers:
-            code = w.poll()
-            if code is None:
-                running = True
-            elif code != 0:
-                return w, code
-        if not running:
-            return None, 0
+        if time.monotonic() >= next_beat:
+            next_beat = time.monotonic() + HEARTBEAT_EVERY_S
+            for m in members:
+                if isinstance(m, RemoteHost):
+                    m.heartbeat()
+        done = 0
+        for m in members:
+            for rank, code in sorted(m.exits().items()):
+                if code != 0:
+                    return m, rank, code
+                done += 1
+        if done == total:
+            return None, -1, 0
         time.sleep(0.05)
+
+
+def _failure_text(member: Member, rank: int, code: int, others: int) -> str:
+    if isinstance(member, RemoteHost) and member.error:
+        return f"host {member.host}: {member.error}; stopping {others} other rank(s)"
+    if isinstance(member, RemoteHost) and member.lost() and code == HOST_LOST:
+        why = member.problem() if member.ssh_tail else "the connection closed"
+        return (f"host {member.host} was lost ({why}) with ranks "
+                f"{', '.join(map(str, member.ranks))}; stopping {others} other rank(s)")
+    return f"rank {rank} ({member.where(rank)}) {describe_exit(code)}; stopping {others} other rank(s)"
 
 
 def run_job(cfg: JobConfig) -> int:
@@ -179,28 +368,30 @@ def run_job(cfg: JobConfig) -> int:
         stop_flag.append(signum)
 
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
-    workers: list[Worker] = []
+    members: list[Member] = []
     try:
         for attempt in range(cfg.max_restarts + 1):
-            workers = _start_attempt(cfg, attempt, run_id, sink)
             try:
-                failed, code = _watch(workers, stop_flag)
+                members = _start_attempt(cfg, attempt, run_id, sink, stop_flag)
+                failed, rank, code = _watch(members, stop_flag)
             except _Stop as stop:
                 name = signal.Signals(stop.signum).name
-                _say(f"received {name}; stopping {len(workers)} rank(s)")
-                stop_all(workers, grace=2.0)
+                _say(f"received {name}; stopping {len(cfg.placements)} rank(s)")
+                stop_all(members, grace=STOP_GRACE_S)
                 return 128 + stop.signum
-            if failed is None:
-                for w in workers:
-                    w.finish_output()
-                return 0
-            others = sum(1 for w in workers if w is not failed and w.poll() is None)
-            host = cfg.placements[failed.rank].host
-            _say(
-                f"rank {failed.rank} (pid {failed.pid} on {host}) {describe_exit(code)}; "
-                f"stopping {others} other rank(s)"
-            )
-            stop_all(workers)
+            except _HostsDown as down:
+                if attempt == 0:
+                    raise LaunchError(str(down)) from None
+                failed, rank, code = None, -1, HOST_LOST
+                _say(str(down))
+            else:
+                if failed is None:
+                    for m in members:
+                        m.finish_output()
+                    return 0
+                others = sum(len(m.ranks) - len(m.exits()) for m in members if m is not failed)
+                _say(_failure_text(failed, rank, code, others))
+                stop_all(members, grace=STOP_GRACE_S)
             if attempt < cfg.max_restarts:
                 _say(f"restarting the job (restart {attempt + 1} of {cfg.max_restarts})")
                 continue
@@ -209,7 +400,7 @@ def run_job(cfg: JobConfig) -> int:
             return _exit_status(code)
         return 1  # unreachable: the loop always returns
     finally:
-        stop_all(workers, grace=1.0)
+        stop_all(members, grace=STOP_GRACE_S)
         for s, handler in previous.items():
             signal.signal(s, handler)
 

@@ -1,12 +1,18 @@
-"""One worker process: start it, copy its output with a rank prefix, stop it for sure.
+"""Local worker processes: start one, copy its output with a rank prefix, stop it for sure.
 
 Every worker runs in its own session (process group), so stopping it also stops the
 processes it started (data-loader workers, shells). A worker whose launcher dies is
 killed by the kernel (PR_SET_PDEATHSIG), so a SIGKILLed ringrun leaves no orphans.
+
+A :class:`Worker` (one local rank) and a :class:`~ringtrain.launch.agent.RemoteHost`
+(every rank of one remote host) are both *members* of an attempt: they answer
+``exits()`` and ``alive()`` and obey ``request_stop()`` / ``force_kill()``, which is
+all :func:`stop_all` and the job's watch loop need.
 """
 
 from __future__ import annotations
 
+import collections
 import ctypes
 import os
 import signal
@@ -15,16 +21,15 @@ import sys
 import threading
 import time
 from collections.abc import Sequence
-from typing import IO
+from typing import IO, Protocol
 
-__all__ = ["OutputSink", "Worker"]
+__all__ = ["Member", "OutputSink", "Worker", "die_with_parent", "stop_all"]
 
 _PR_SET_PDEATHSIG = 1
 
 
-def _die_with_parent() -> None:
-    # Runs in the child between fork and exec: ask the kernel to SIGKILL us when the
-    # launcher goes away, whatever the way it dies.
+def die_with_parent() -> None:
+    """Runs in a child between fork and exec: SIGKILL us when the launcher goes away."""
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
@@ -49,6 +54,8 @@ class OutputSink:
         return open(os.path.join(self.directory, name), "ab")
 
     def write(self, rank: int, line: bytes, file: IO[bytes] | None) -> None:
+        if not line.endswith(b"\n"):
+            line += b"\n"
         if file is not None:
             file.write(line)
             file.flush()
@@ -59,8 +66,21 @@ class OutputSink:
             sys.stdout.buffer.flush()
 
 
+class Member(Protocol):
+    """Something the job starts and stops: one local rank, or all ranks of a remote host."""
+
+    ranks: tuple[int, ...]
+
+    def exits(self) -> dict[int, int]: ...
+    def alive(self) -> bool: ...
+    def where(self, rank: int) -> str: ...
+    def request_stop(self) -> None: ...
+    def force_kill(self) -> None: ...
+    def finish_output(self, timeout: float = 2.0) -> None: ...
+
+
 class Worker:
-    """A started worker process with its output pump."""
+    """A started local worker process with its output pump."""
 
     def __init__(
         self,
@@ -71,21 +91,24 @@ class Worker:
         attempt: int = 0,
         pass_fds: Sequence[int] = (),
         cwd: str | None = None,
-        stdin_pipe: bool = False,
+        host: str = "localhost",
     ) -> None:
         self.rank = rank
+        self.ranks: tuple[int, ...] = (rank,)
+        self.host = host
         self._sink = sink
         self._file = sink.open_for(rank, attempt)
+        self.tail: collections.deque[bytes] = collections.deque(maxlen=5)
         self.proc = subprocess.Popen(
             list(argv),
             env=env,
             cwd=cwd,
-            stdin=subprocess.PIPE if stdin_pipe else subprocess.DEVNULL,
+            stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             start_new_session=True,
             pass_fds=tuple(pass_fds),
-            preexec_fn=_die_with_parent,
+            preexec_fn=die_with_parent,
         )
         self._pump = threading.Thread(target=self._copy_output, daemon=True)
         self._pump.start()
@@ -93,11 +116,22 @@ class Worker:
     def _copy_output(self) -> None:
         assert self.proc.stdout is not None
         for line in iter(self.proc.stdout.readline, b""):
-            self._sink.write(self.rank, line if line.endswith(b"\n") else line + b"\n", self._file)
+            self.tail.append(line)
+            self._sink.write(self.rank, line, self._file)
         self.proc.stdout.close()
 
     def poll(self) -> int | None:
         return self.proc.poll()
+
+    def exits(self) -> dict[int, int]:
+        code = self.proc.poll()
+        return {} if code is None else {self.rank: code}
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def where(self, rank: int) -> str:
+        return f"pid {self.proc.pid} on {self.host}"
 
     @property
     def pid(self) -> int:
@@ -109,6 +143,19 @@ class Worker:
         except (ProcessLookupError, PermissionError):
             pass
 
+    def request_stop(self) -> None:
+        if self.proc.poll() is None:
+            self.signal_group(signal.SIGTERM)
+
+    def force_kill(self) -> None:
+        # Kill the group even if the leader exited: its children may still be running.
+        self.signal_group(signal.SIGKILL)
+        if self.proc.poll() is None:
+            try:
+                self.proc.wait(2.0)
+            except subprocess.TimeoutExpired:
+                pass
+
     def finish_output(self, timeout: float = 2.0) -> None:
         self._pump.join(timeout)
         if self._file is not None:
@@ -116,23 +163,18 @@ class Worker:
             self._file = None
 
 
-def stop_all(workers: Sequence[Worker], grace: float = 3.0) -> None:
-    """SIGTERM every worker's process group, SIGKILL what is left after ``grace`` seconds."""
-    for w in workers:
-        if w.poll() is None:
-            w.signal_group(signal.SIGTERM)
+def stop_all(members: Sequence[Member], grace: float = 3.0) -> None:
+    """Ask every member to stop, SIGKILL what is left after ``grace`` seconds.
+
+    Remote hosts get end-of-input; their agent stops its workers within its own grace
+    (1.5 s) and exits, so ``grace`` must exceed it for a clean remote stop.
+    """
+    for m in members:
+        m.request_stop()
     deadline = time.monotonic() + grace
-    while time.monotonic() < deadline and any(w.poll() is None for w in workers):
-        time.sleep(0.05)
-    for w in workers:
-        # Kill the group even if the leader exited: its children may still be running.
-        w.signal_group(signal.SIGKILL)
-        if w.poll() is None:
-            try:
-                w.proc.wait(2.0)
-            except subprocess.TimeoutExpired:
-                pass
-        w.finish_output()
-
-
-__all__ += ["stop_all"]
+    while time.monotonic() < deadline and any(m.alive() for m in members):
+        time.sleep(0.02)
+    for m in members:
+        m.force_kill()
+    for m in members:
+        m.finish_output()

@@ -3,9 +3,11 @@
 It runs as a plain script (``python .../ringtrain/launch/remote.py``) with the standard
 library only, so a host answers in tens of milliseconds instead of importing torch.
 ssh carries no signals, so the agent is tied to its ssh session through stdin: when
-stdin closes (ringrun stopped the job, died, or the connection broke) or a SIGTERM /
-SIGHUP arrives, it stops every worker's process group, SIGKILLs what is left after a
-grace period, and exits. Each worker also gets PR_SET_PDEATHSIG, so a SIGKILLed agent
+stdin closes (ringrun stopped the job, died, or the connection broke), when ringrun's
+heartbeat (an empty line every second) has been missing for ``heartbeat_timeout``
+seconds (a network partition, where no connection closes), or when a SIGTERM / SIGHUP
+arrives, it stops every worker's process group, SIGKILLs what is left after a grace
+period, and exits. Each worker also gets PR_SET_PDEATHSIG, so a SIGKILLed agent
 takes its workers along.
 
 Protocol (one line each; ``<rank>`` is the global rank):
@@ -13,6 +15,7 @@ Protocol (one line each; ``<rank>`` is the global rank):
 ringrun <- agent   ``R {json}``       ready: host name, cpus, interfaces, ssh addresses
 ringrun -> agent   ``{json}``         the spec: cwd, command, ranks with their env, and for
                                       rank 0's host the address (and port) to listen on
+                   empty lines        heartbeats, about one a second
 ringrun <- agent   ``L <port>``       rank 0's rendezvous socket is bound on this port
                    ``S <rank> <pid>`` a worker started
                    ``O <rank> <text>``  one line of a worker's output
@@ -38,7 +41,7 @@ if __package__:
 else:  # run as a script: this file's folder is on sys.path
     import network  # type: ignore[no-redef]
 
-__all__ = ["main", "info", "worker_extras"]
+__all__ = ["info", "main", "worker_extras"]
 
 _PR_SET_PDEATHSIG = 1
 GRACE_S = 1.5
@@ -93,6 +96,8 @@ class _Agent:
         self.procs: dict[int, subprocess.Popen[bytes]] = {}
         self.pumps: dict[int, threading.Thread] = {}
         self.stopping = threading.Event()
+        self.last_heard = time.monotonic()
+        self.heartbeat_timeout = 0.0  # 0: no heartbeat expected
 
     def send(self, line: bytes) -> None:
         with self.lock:
@@ -101,6 +106,18 @@ class _Agent:
                 self.out.flush()
             except (BrokenPipeError, ValueError, OSError):
                 self.stopping.set()  # ringrun is gone: stop the workers
+
+    def _send_nowait(self, text: str) -> None:
+        if not self.lock.acquire(timeout=0.5):
+            return
+        try:
+            os.set_blocking(self.out.fileno(), False)
+            self.out.write(text.encode() + b"\n")
+            self.out.flush()
+        except (OSError, ValueError):
+            pass
+        finally:
+            self.lock.release()
 
     def start(self, spec: dict[str, Any], listener: socket.socket | None) -> None:
         cwd = spec.get("cwd")
@@ -142,6 +159,13 @@ class _Agent:
         """Report exits until every worker is done or a stop is requested; the exit code."""
         reported: dict[int, int] = {}
         while len(reported) < len(self.procs):
+            quiet = time.monotonic() - self.last_heard
+            if self.heartbeat_timeout and quiet > self.heartbeat_timeout:
+                # Partitioned: the way back to ringrun may be blocked (a full pipe to sshd),
+                # so stop the ranks first and report without waiting on that way.
+                self.stop()
+                self._send_nowait(f"E no word from ringrun for {quiet:.0f}s; stopped this host's ranks")
+                return 3
             if self.stopping.is_set():
                 self.stop()
             for rank, proc in self.procs.items():
@@ -197,9 +221,9 @@ def _listen(addr: str, port: int) -> socket.socket:
 
 
 def _watch_stdin(agent: _Agent, stdin: IO[bytes]) -> None:
-    # Anything after the spec is ignored; end of input means "stop now".
+    # Lines after the spec are heartbeats; end of input means "stop now".
     while stdin.readline():
-        pass
+        agent.last_heard = time.monotonic()
     agent.stopping.set()
 
 
@@ -216,6 +240,8 @@ def main() -> int:
     listener = None
     try:
         spec = json.loads(first)
+        agent.heartbeat_timeout = float(spec.get("heartbeat_timeout") or 0)
+        agent.last_heard = time.monotonic()
         if spec.get("listen"):
             listener = _listen(spec["listen"]["addr"], int(spec["listen"]["port"]))
             port = listener.getsockname()[1]
@@ -235,4 +261,8 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    status = main()
+    sys.stdout.flush()
+    # os._exit: the stdin watcher thread may sit in a read, and a normal interpreter
+    # exit aborts (SIGABRT) when a daemon thread holds stdin's buffer lock.
+    os._exit(status)

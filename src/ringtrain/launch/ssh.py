@@ -23,8 +23,15 @@ from pathlib import Path
 
 from ringtrain.errors import ConfigError
 
-__all__ = ["SshOptions", "ssh_argv", "agent_command", "forwarded_env", "FORWARDED_NAMES",
-           "FORWARDED_PREFIXES", "parse_ssh_option"]
+__all__ = [
+    "FORWARDED_NAMES",
+    "FORWARDED_PREFIXES",
+    "SshOptions",
+    "agent_command",
+    "forwarded_env",
+    "parse_ssh_option",
+    "ssh_argv",
+]
 
 #: Variables forwarded to remote workers by default, so ``python`` means the same
 #: interpreter there; anything else needs ``-x NAME``.

@@ -3,10 +3,13 @@
 1. An allreduce sweep (4 KB .. 16 MB) on 2 local processes over Gloo on 127.0.0.1
    gives alpha and B of the loopback "network" by least squares on the ring
    formula ``t = 2(n-1) alpha + 2(n-1)/n * m / B``.
-2. One process measures the plain step time (forward, backward, SGD) of a small real
-   model, the MNIST CNN of the seed article, batch 64, one thread, and its spread.
+2. The calling process measures the plain step time (forward, backward, SGD) of a
+   small real model, the MNIST CNN of the seed article, batch 64, one thread (its
+   own thread setting and random state are restored), and the spread of that time.
 3. The planner predicts the 2- and 4-process step (one flat allreduce of all
-   gradients after backward), and the same step is measured.
+   gradients after backward), and the same step is measured. Each run alternates
+   steps with and without the exchange; the latter are the compute time "measured
+   by the step meter", a second prediction input that sees the same machine load.
 
 Loopback transfers are CPU copies, so when processes outnumber cores both compute
 and the link slow down by ``processes / cores``; the prediction says so explicitly
@@ -67,17 +70,29 @@ class Fit:
 
 @dataclass(frozen=True)
 class StepCheck:
-    """Predicted against measured step time at ``world`` processes."""
+    """Predicted against measured step time at ``world`` processes.
+
+    Two predictions, differing only in the compute-time input: ``predicted_s`` starts
+    from the 1-process step scaled by core sharing, ``predicted_inworld_s`` from the
+    step without exchange measured in the same run (what the step meter would give).
+    """
 
     world: int
     compute_s: float
     predicted_s: float
+    inworld_compute_s: float
+    predicted_inworld_s: float
     measured_s: float
 
     @property
     def error(self) -> float:
-        """(predicted - measured) / measured."""
+        """(predicted - measured) / measured, for the 1-process-based prediction."""
         return (self.predicted_s - self.measured_s) / self.measured_s
+
+    @property
+    def inworld_error(self) -> float:
+        """(predicted - measured) / measured, for the in-run compute prediction."""
+        return (self.predicted_inworld_s - self.measured_s) / self.measured_s
 
 
 @dataclass(frozen=True)
@@ -97,6 +112,7 @@ class Calibration:
         data = asdict(self)
         for check, raw in zip(self.checks, data["checks"]):
             raw["error"] = check.error
+            raw["inworld_error"] = check.inworld_error
         return data
 
 
@@ -107,12 +123,14 @@ def fit_alpha_beta(points: list[SweepPoint]) -> Fit:
     dividing each row by its measured ``t`` makes small messages (which fix alpha)
     count as much as large ones (which fix B).
     """
-    rows = [(2 * (p.world - 1), 2 * (p.world - 1) / p.world * p.nbytes, p.seconds) for p in points if p.world > 1]
+    rows = [
+        (2.0 * (p.world - 1), 2 * (p.world - 1) / p.world * p.nbytes, p.seconds) for p in points if p.world > 1
+    ]
     if len(rows) < 2:
         raise ConfigError("need at least two sweep points with 2 or more processes to fit alpha and B")
     s11 = s12 = s22 = b1 = b2 = 0.0
-    for x1, x2, t in rows:
-        x1, x2, y = x1 / t, x2 / t, 1.0
+    for u1, u2, t in rows:
+        x1, x2, y = u1 / t, u2 / t, 1.0
         s11 += x1 * x1
         s12 += x1 * x2
         s22 += x2 * x2
@@ -131,17 +149,20 @@ def fit_alpha_beta(points: list[SweepPoint]) -> Fit:
 
 
 def predict_step(
-    layers: list[Layer], fit: Fit, world: int, single_step_s: float, *, cores: int, cv: float = 0.0,
+    layers: list[Layer], fit: Fit, world: int, compute_s: float, *, cores: int, cv: float = 0.0,
+    shared: bool = True,
 ) -> tuple[float, float]:
     """Predicted (compute, step) seconds for ``world`` local processes.
 
-    Processes beyond the core count share cores: compute and the loopback link (CPU
-    copies) both slow by ``world / cores``.
+    With ``shared`` (``compute_s`` is a 1-process time), processes beyond the core
+    count share cores: compute and the loopback link (CPU copies) both slow by
+    ``world / cores``. Without it ``compute_s`` already is the in-run compute time
+    and only the link is slowed.
     """
     share = max(1.0, world / max(cores, 1))
     loop = Link("loopback", fit.bandwidth / share, 1.0, fit.alpha_s * share, "Gloo on 127.0.0.1, fitted")
     sc = Scenario(
-        tuple(layers), single_step_s * share, Topology(world, loop, loop), "ring",
+        tuple(layers), compute_s * (share if shared else 1.0), Topology(world, loop, loop), "ring",
         FRAMEWORKS["flat"], jitter_cv=cv,
     )
     step = simulate(sc, world)
@@ -159,7 +180,62 @@ def mnist_cnn() -> Any:
     )
 
 
-# ---------------------------------------------------------------- child processes
+# ---------------------------------------------------------------- measuring
+
+def _time_steps(job: dict[str, Any], world: int, dist: Any) -> tuple[list[float], list[float]]:
+    """Seconds per step of the MNIST CNN without and (for ``world > 1``) with the exchange.
+
+    Steps without and with the exchange alternate, so both see the same load from
+    whatever else runs on the machine.
+    """
+    import torch
+
+    model = mnist_cnn()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x = torch.randn(job["batch"], 1, 28, 28)
+    y = torch.randint(0, 10, (job["batch"],))
+    params = [p for p in model.parameters() if p.requires_grad]
+
+    def step(exchange: bool) -> float:
+        t0 = time.perf_counter()
+        opt.zero_grad(set_to_none=False)
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        if exchange:  # one flat allreduce of every gradient, then average
+            flat = torch.cat([p.grad.reshape(-1) for p in params])
+            dist.all_reduce(flat)
+            flat /= world
+            offset = 0
+            for p in params:
+                n = p.grad.numel()
+                p.grad.copy_(flat[offset:offset + n].view_as(p.grad))
+                offset += n
+        opt.step()
+        return time.perf_counter() - t0
+
+    plain: list[float] = []
+    full: list[float] = []
+    for i in range(job["warmup"] + job["steps"]):
+        a = step(False)
+        b = step(True) if world > 1 else a
+        if i >= job["warmup"]:
+            plain.append(a)
+            full.append(b)
+    return plain, full
+
+
+def _measure_single(job: dict[str, Any]) -> list[float]:
+    """The 1-process step, measured here with one thread; the caller's settings are restored."""
+    import torch
+
+    threads = torch.get_num_threads()
+    try:
+        with torch.random.fork_rng():
+            torch.set_num_threads(1)  # one core per process, like one GPU per process
+            torch.manual_seed(0)
+            return _time_steps(job, 1, None)[0]
+    finally:
+        torch.set_num_threads(threads)
+
 
 def _worker(rank: int, world: int, port: int, job: dict[str, Any], out: Any) -> None:
     """Body of one calibration process; reports ``("ok"|"error", rank, payload)``."""
@@ -169,52 +245,33 @@ def _worker(rank: int, world: int, port: int, job: dict[str, Any], out: Any) -> 
 
         torch.set_num_threads(1)  # one core per process, like one GPU per process
         torch.manual_seed(0)
-        if world > 1:
-            if os.name == "posix" and "GLOO_SOCKET_IFNAME" not in os.environ and os.path.exists("/sys/class/net/lo"):
-                os.environ["GLOO_SOCKET_IFNAME"] = "lo"  # keep Gloo on loopback
-            from datetime import timedelta
+        if os.name == "posix" and "GLOO_SOCKET_IFNAME" not in os.environ and os.path.exists("/sys/class/net/lo"):
+            os.environ["GLOO_SOCKET_IFNAME"] = "lo"  # keep Gloo on loopback
+        from datetime import timedelta
 
-            dist.init_process_group(
-                "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
-                timeout=timedelta(seconds=job["op_timeout_s"]),
-            )
-        result: dict[str, Any] = {"sweep": [], "steps": []}
-        if world > 1:
-            for nbytes in job["sizes"]:
-                buf = torch.ones(nbytes // 4)
-                dist.all_reduce(buf)  # warm-up: connections, allocations
-                times = []
-                for _ in range(job["iters"]):
-                    dist.barrier()
-                    t0 = time.perf_counter()
-                    dist.all_reduce(buf)
-                    times.append(time.perf_counter() - t0)
-                result["sweep"].append((nbytes, statistics.median(times)))
-        model = mnist_cnn()
-        opt = torch.optim.SGD(model.parameters(), lr=0.01)
-        x = torch.randn(job["batch"], 1, 28, 28)
-        y = torch.randint(0, 10, (job["batch"],))
-        params = [p for p in model.parameters() if p.requires_grad]
-        for i in range(job["warmup"] + job["steps"]):
-            if world > 1 and i == job["warmup"]:
+        dist.init_process_group(
+            "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+            timeout=timedelta(seconds=job["op_timeout_s"]),
+        )
+        result: dict[str, Any] = {"sweep": []}
+        # The first collectives after start-up are slow (lazy connection set-up, ranks
+        # still importing); a burst of small ones settles that before timing.
+        warm = torch.ones(1024)
+        for _ in range(20):
+            dist.all_reduce(warm)
+        for nbytes in job["sizes"]:
+            buf = torch.ones(nbytes // 4)
+            for _ in range(2):  # warm-up: allocations for this size
+                dist.all_reduce(buf)
+            times = []
+            for _ in range(job["iters"]):
                 dist.barrier()
-            t0 = time.perf_counter()
-            opt.zero_grad(set_to_none=False)
-            torch.nn.functional.cross_entropy(model(x), y).backward()
-            if world > 1:  # one flat allreduce of every gradient, then average
-                flat = torch.cat([p.grad.reshape(-1) for p in params])
-                dist.all_reduce(flat)
-                flat /= world
-                offset = 0
-                for p in params:
-                    n = p.grad.numel()
-                    p.grad.copy_(flat[offset:offset + n].view_as(p.grad))
-                    offset += n
-            opt.step()
-            if i >= job["warmup"]:
-                result["steps"].append(time.perf_counter() - t0)
-        if world > 1:
-            dist.destroy_process_group()
+                t0 = time.perf_counter()
+                dist.all_reduce(buf)
+                times.append(time.perf_counter() - t0)
+            result["sweep"].append((nbytes, statistics.median(times)))
+        result["plain"], result["steps"] = _time_steps(job, world, dist)
+        dist.destroy_process_group()
         out.put(("ok", rank, result))
     except BaseException:  # report anything, the parent decides
         out.put(("error", rank, traceback.format_exc(limit=6)))
@@ -236,6 +293,7 @@ def _spawn(world: int, job: dict[str, Any], timeout_s: float) -> list[dict[str, 
     procs = [ctx.Process(target=_worker, args=(r, world, port, job, out), daemon=True) for r in range(world)]
     results: dict[int, dict[str, Any]] = {}
     deadline = time.monotonic() + timeout_s
+    finished = False
     try:
         for p in procs:
             p.start()
@@ -243,7 +301,7 @@ def _spawn(world: int, job: dict[str, Any], timeout_s: float) -> list[dict[str, 
             if time.monotonic() > deadline:
                 raise LaunchError(
                     f"calibration with {world} processes did not finish within {timeout_s:.0f} s; "
-                    "is the machine busy? rerun with fewer processes"
+                    "is the machine busy? rerun when it is quieter"
                 )
             try:
                 status, rank, payload = out.get(timeout=0.2)
@@ -255,18 +313,23 @@ def _spawn(world: int, job: dict[str, Any], timeout_s: float) -> list[dict[str, 
                     ) from None
                 continue
             if status != "ok":
-                raise LaunchError(f"calibration rank {rank} of {world} failed:\n{payload}")
+                last = payload.strip().splitlines()[-1] if payload.strip() else "no details"
+                raise LaunchError(f"calibration rank {rank} of {world} failed: {last}")
             results[rank] = payload
+        finished = True
         return [results[r] for r in range(world)]
     finally:
+        # Reported ranks exit on their own; anything else (an error, a timeout, Ctrl-C)
+        # is stopped at once, politely first.
         for p in procs:
-            p.join(timeout=max(0.0, min(5.0, deadline - time.monotonic())))
-        for p in procs:
+            if finished:
+                p.join(timeout=10.0)
             if p.is_alive():
                 p.terminate()
                 p.join(timeout=2.0)
             if p.is_alive():
                 p.kill()
+            if p.pid is not None:
                 p.join()
         out.close()
         out.join_thread()
@@ -283,22 +346,21 @@ def run_calibration(
     worlds: tuple[int, ...] = (2, 4), *, sizes: tuple[int, ...] = DEFAULT_SIZES, iters: int = 5,
     steps: int = 12, warmup: int = 3, batch: int = 64, timeout_s: float = 60.0,
 ) -> Calibration:
-    """Measure, fit and predict (see the module docstring). Takes 15-30 s on 2 cores."""
+    """Measure, fit and predict (see the module docstring); about 15-30 s on 2 idle cores.
+
+    ``timeout_s`` bounds each group of processes; past it they are killed and a
+    LaunchError says so.
+    """
     if any(w < 2 for w in worlds) or not worlds:
         raise ConfigError(f"calibration needs process counts >= 2, got {worlds}")
     if steps < 3 or iters < 1:
         raise ConfigError("calibration needs >= 3 steps and >= 1 iteration per size")
     job = {"sizes": list(sizes), "iters": iters, "steps": steps, "warmup": warmup, "batch": batch,
            "op_timeout_s": max(10.0, timeout_s)}
-    started = time.monotonic()
-
-    def left() -> float:
-        return max(5.0, timeout_s * (1 + len(worlds)) - (time.monotonic() - started))
-
-    single = _spawn(1, job, min(timeout_s, left()))[0]["steps"]
+    single = _measure_single(job)
     single_s = statistics.median(single)
     cv = statistics.pstdev(single) / statistics.fmean(single)
-    measured: dict[int, list[dict[str, Any]]] = {w: _spawn(w, job, min(timeout_s, left())) for w in worlds}
+    measured: dict[int, list[dict[str, Any]]] = {w: _spawn(w, job, timeout_s) for w in worlds}
     sweep = [SweepPoint(w, nb, t) for w in worlds for nb, t in measured[w][0]["sweep"]]
     base = min(worlds)
     fit = fit_alpha_beta([p for p in sweep if p.world == base])
@@ -308,7 +370,14 @@ def run_calibration(
     for w in worlds:
         # Ranks finish a step together (the allreduce syncs them); rank 0's median is the step.
         compute, predicted = predict_step(layers, fit, w, single_s, cores=cores, cv=cv)
-        checks.append(StepCheck(w, compute, predicted, statistics.median(measured[w][0]["steps"])))
+        plain = measured[w][0]["plain"]
+        spread = statistics.pstdev(plain) / statistics.fmean(plain)
+        local, predicted_local = predict_step(
+            layers, fit, w, statistics.median(plain), cores=cores, cv=spread, shared=False,
+        )
+        checks.append(StepCheck(
+            w, compute, predicted, local, predicted_local, statistics.median(measured[w][0]["steps"]),
+        ))
     notes = [
         f"alpha and B fitted on the {base}-process sweep only; other sweeps are shown for comparison",
         f"{cores} cores: with more processes than cores, compute and loopback copies share them",
@@ -333,12 +402,14 @@ def format_calibration(cal: Calibration) -> str:
         "",
         f"MNIST CNN, batch 64, 1 thread per process: 1-process step {cal.single_step_s * 1e3:.1f} ms "
         f"(spread {100 * cal.single_step_cv:.1f}%), gradients {cal.gradient_bytes / 1e6:.1f} MB",
-        "procs   compute ms   predicted ms   measured ms   error",
+        "        from 1-process step x core share     from in-run step without exchange",
+        "procs   compute ms  predicted ms  error     compute ms  predicted ms  error     measured ms",
     ]
     for c in cal.checks:
         lines.append(
-            f"{c.world:5d} {c.compute_s * 1e3:12.1f} {c.predicted_s * 1e3:14.1f} "
-            f"{c.measured_s * 1e3:13.1f} {100 * c.error:+6.0f}%"
+            f"{c.world:5d} {c.compute_s * 1e3:12.1f} {c.predicted_s * 1e3:13.1f} {100 * c.error:+6.0f}%"
+            f" {c.inworld_compute_s * 1e3:14.1f} {c.predicted_inworld_s * 1e3:13.1f} "
+            f"{100 * c.inworld_error:+6.0f}% {c.measured_s * 1e3:15.1f}"
         )
     lines += ["", *("note: " + n for n in cal.notes)]
     return "\n".join(lines)

@@ -159,7 +159,7 @@ def allreduce_time(strategy: str, m: float, n: int, topo: Topology, *, inter: st
     raise ConfigError(f"strategy {strategy!r} is not an allreduce; use ps_one_way for 'ps'")
 
 
-def ps_one_way(m: float, n: int, topo: Topology, *, colocated: bool = True) -> float:
+def ps_one_way(m: float, n: int, topo: Topology, *, colocated: bool = True, per_host: bool = False) -> float:
     """Seconds one server needs to receive a tensor of ``m`` bytes from every worker.
 
     Sending the updated tensor back to every worker takes as long in the other
@@ -167,9 +167,15 @@ def ps_one_way(m: float, n: int, topo: Topology, *, colocated: bool = True) -> f
     TensorFlow's ``replica_device_setter``. With ``colocated`` servers (one per
     worker host, the usual distributed-TensorFlow layout) the host's own GPUs reach
     their server without the network; on one host everything crosses PCIe to the CPU.
+    With ``per_host`` each host first sums its GPUs' gradients and sends one copy (a
+    worker per host, TensorFlow's ``distributed_replicated`` layout).
     """
     _check(m, n)
-    if topo.hosts(n) == 1:
-        return topo.intra.alpha_s + n * m / topo.intra.bandwidth
-    remote = n - topo.local(n) if colocated else n
+    hosts = topo.hosts(n)
+    if hosts == 1:
+        return topo.intra.alpha_s + (1 if per_host else n) * m / topo.intra.bandwidth
+    if per_host:
+        remote = hosts - 1 if colocated else hosts
+    else:
+        remote = n - topo.local(n) if colocated else n
     return topo.inter.alpha_s + remote * m / topo.inter.bandwidth

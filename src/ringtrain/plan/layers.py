@@ -126,14 +126,14 @@ def resnet(depth: int) -> list[Layer]:
 
 def vgg16() -> list[Layer]:
     """VGG-16 (configuration D), 224x224 input, 1000 classes."""
-    plan = [64, 64, "M", 128, 128, "M", 256, 256, 256, "M", 512, 512, 512, "M", 512, 512, 512, "M"]
+    # Output channels of each 3x3 convolution; 0 marks a 2x2 max pool.
+    plan = [64, 64, 0, 128, 128, 0, 256, 256, 256, 0, 512, 512, 512, 0, 512, 512, 512, 0]
     layers: list[Layer] = []
     cin, size = 3, 224
-    for i, item in enumerate(plan):
-        if item == "M":
+    for i, cout in enumerate(plan):
+        if cout == 0:
             size //= 2
             continue
-        cout = int(item)
         layers.append(_conv(f"features.{i}", cin, cout, 3, 3, (size, size), bias=True, bn=False))
         cin = cout
     layers.append(_linear("classifier.0", 512 * 7 * 7, 4096))
@@ -232,10 +232,11 @@ def from_module(module: Any, example_input: Any = None) -> list[Layer]:
     """Layer profile of a ``torch.nn.Module``, one entry per module owning parameters.
 
     Modules come in registration order, which for ordinary networks is forward
-    order. With ``example_input`` one forward pass runs (under ``no_grad``) and the
-    MACs of each Conv/Linear come from the shapes it saw; without it each layer's
-    compute is taken as proportional to its parameter count (exact for MLPs, rough
-    for convolutions, where weights are reused across pixels).
+    order. With ``example_input`` (one sample, batch dimension 1) one forward pass runs
+    under ``no_grad`` and the MACs of each Conv/Linear come from the shapes it saw;
+    other modules (norms, embeddings, recurrent cells) and every module when no input
+    is given count their parameter count as MACs (exact for MLPs, rough for
+    convolutions, whose weights are reused across pixels).
     """
     import torch  # lazily: the planner itself does not need torch
 

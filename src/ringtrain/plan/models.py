@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from ringtrain.errors import ConfigError
 from ringtrain.plan.layers import Layer, inception_v3, resnet, total_macs, vgg16
 
-__all__ = ["MODELS", "THROUGHPUTS", "Throughput", "model_layers", "step_time"]
+__all__ = ["MODELS", "THROUGHPUTS", "Throughput", "canonical_model", "model_layers", "step_time"]
 
 #: Catalogue architectures by the name the CLI takes (``--model``).
 MODELS: dict[str, Callable[[], list[Layer]]] = {
@@ -26,15 +26,21 @@ MODELS: dict[str, Callable[[], list[Layer]]] = {
 }
 
 
-def model_layers(name: str) -> list[Layer]:
-    """Layer profile of the catalogue model ``name``."""
-    key = name.strip().lower().replace("-", "").replace("inceptionv3", "inception_v3")
+def canonical_model(name: str) -> str:
+    """The catalogue key for ``name`` (``ResNet-50`` -> ``resnet50``), or a ConfigError."""
+    key = name.strip().lower().replace("-", "").replace(" ", "")
+    key = {"inceptionv3": "inception_v3", "inception3": "inception_v3"}.get(key, key)
     if key not in MODELS:
         raise ConfigError(
             f"unknown model {name!r}; choose one of: {', '.join(MODELS)}, custom "
-            "(custom needs --params N and --step-ms T)"
+            "(custom needs --params N or --module, and --step-ms T)"
         )
-    return MODELS[key]()
+    return key
+
+
+def model_layers(name: str) -> list[Layer]:
+    """Layer profile of the catalogue model ``name``."""
+    return MODELS[canonical_model(name)]()
 
 
 @dataclass(frozen=True)

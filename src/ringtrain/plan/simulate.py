@@ -17,7 +17,7 @@ alpha-beta time. Two bucketing policies cover the frameworks of the validation:
   step; a bucket goes out when its last gradient is ready (Li et al. 2020, VLDB).
 - dynamic (Horovod): a background thread wakes every ``cycle_s``; when the channel is
   free it fuses everything ready so far, up to ``bucket_bytes`` (Horovod's tensor
-  fusion, Sergeev & Del Balso 2018, section 5).
+  fusion, Sergeev & Del Balso 2018).
 
 A parameter server has no single channel: each tensor lives whole on one server,
 which takes it from every worker and sends the update back, so servers are
@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from statistics import NormalDist
 
 from ringtrain.errors import ConfigError
@@ -54,7 +54,6 @@ __all__ = [
     "simulate",
     "scaling",
     "straggler_factor",
-    "with_strategy",
     "DEFAULT_JITTER_CV",
 ]
 
@@ -71,7 +70,7 @@ class Framework:
     """How a framework turns ready gradients into exchanges."""
 
     name: str
-    #: Bucket cap / fusion threshold in bytes; 0 sends every layer on its own.
+    #: Bucket cap / fusion threshold in bytes; 0 sends every gradient tensor on its own.
     bucket_bytes: float
     #: Horovod's cycle: 0 means static buckets (DDP), > 0 dynamic fusion every cycle.
     cycle_s: float = 0.0
@@ -122,6 +121,8 @@ class Scenario:
     ps_shards: int | None = None
     #: Servers run on the worker hosts (distributed TensorFlow's usual layout).
     ps_colocated: bool = True
+    #: One worker per host sums its GPUs' gradients before pushing (else every GPU pushes).
+    ps_per_host: bool = False
     #: Algorithm across hosts for the hierarchical strategy: "ring" or "hd".
     inter: str = "ring"
     backward_fraction: float = 2 / 3
@@ -160,7 +161,8 @@ class StepBreakdown:
     step_s: float
     #: Forward + backward + update, including stragglers and per-tensor costs.
     compute_s: float
-    #: Time the channel(s) were busy exchanging (hidden or not).
+    #: Time the busiest channel was busy exchanging, hidden or not (for parameter
+    #: servers: the busiest server link or worker NIC, one direction).
     comm_s: float
     #: Part of the step spent waiting for the exchange after backward ended.
     exposed_s: float
@@ -253,7 +255,7 @@ def _parameter_servers(sc: Scenario, gpus: int, tl: _Timeline) -> tuple[float, f
     overlap the next forward; the step period is the longest of: compute, the
     busiest direction of any server or worker NIC, and, per tensor, the time from
     its gradient being ready to it being back, minus how far into forward it is used.
-    Returns (period, busy time, tensors).
+    Returns (period, busiest link's busy time, tensors).
     """
     topo = sc.topology
     hosts = topo.hosts(gpus)
@@ -268,24 +270,25 @@ def _parameter_servers(sc: Scenario, gpus: int, tl: _Timeline) -> tuple[float, f
         server[i] = s
         load[s] += tl.sizes[i]
     inbound, outbound = [0.0] * shards, [0.0] * shards
-    busy, period = 0.0, tl.backward_end
+    per_server = [0.0] * shards  # one direction; the other runs at the same time
+    period = tl.backward_end
     for i in range(n):  # backward order
-        took = ps_one_way(tl.sizes[i], gpus, topo, colocated=sc.ps_colocated)
+        took = ps_one_way(tl.sizes[i], gpus, topo, colocated=sc.ps_colocated, per_host=sc.ps_per_host)
         s = server[i]
         inbound[s] = max(inbound[s], tl.ready[i]) + took
         outbound[s] = max(outbound[s], inbound[s]) + took
-        busy += 2 * took
+        per_server[s] += took
         period = max(period, outbound[s] - tl.use[tl.layer[i]])
-    per_server = [0.0] * shards
-    for i in range(n):
-        per_server[server[i]] += ps_one_way(tl.sizes[i], gpus, topo, colocated=sc.ps_colocated)
-    period = max(period, max(per_server))
+    busy = max(per_server)
+    period = max(period, busy)
     if hosts > 1:
         # Worker side: each host's GPUs push what its own servers do not hold.
         total = sum(tl.sizes)
         local = min(sum(load[s] for s in range(shards) if s % hosts == h) for h in range(hosts))
         remote = total - local if sc.ps_colocated else total
-        period = max(period, topo.inter.alpha_s + topo.local(gpus) * remote / topo.inter.bandwidth)
+        senders = 1 if sc.ps_per_host else topo.local(gpus)
+        nic = topo.inter.alpha_s + senders * remote / topo.inter.bandwidth
+        period, busy = max(period, nic), max(busy, nic)
     return period, busy, n
 
 
@@ -332,7 +335,3 @@ def scaling(sc: Scenario, gpu_counts: list[int], baseline_gpus: int = 1) -> list
     """:func:`simulate` for each count in ``gpu_counts``."""
     return [simulate(sc, n, baseline_gpus) for n in gpu_counts]
 
-
-def with_strategy(sc: Scenario, strategy: str) -> Scenario:
-    """The same scenario with another strategy."""
-    return replace(sc, strategy=strategy)

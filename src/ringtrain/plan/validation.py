@@ -186,7 +186,8 @@ CASES: tuple[Case, ...] = (
         known_gap=(
             "the 8 MB fc weights sit whole on one server that takes them from 124 remote GPUs "
             "(about 0.4 s each way); the paper does not publish the server count, layout or "
-            "gRPC efficiency, and each moves this row by several points"
+            "gRPC efficiency, and each moves this row by several points (with one worker per "
+            "host summing its GPUs first, ps_per_host, the model predicts 90%)"
         ),
     ),
     Case(
@@ -210,8 +211,8 @@ CASES: tuple[Case, ...] = (
         (
             "P100 speed from TensorFlow's DGX-1 benchmark at batch 32 (Caffe2's own is not published)",
             "Big Basin: 8 P100 joined by NVLink; NCCL inside the server, recursive "
-            "halving-doubling across servers, one allreduce per gradient blob, overlapped with "
-            "backward (the paper, section 4)",
+            "halving-doubling across servers, aggregation overlapped with backward (the "
+            "paper, section 4); one allreduce per gradient blob, no fusion (assumed)",
             "50 Gbit Ethernet over TCP (RDMA is not mentioned)",
             "efficiency relative to the 8-GPU (one server) step, as the paper measures it",
             "sensitive: the exchange (about 100 ms busy) barely fits in backward (about 120 ms); "
@@ -226,7 +227,8 @@ CASES: tuple[Case, ...] = (
         _gibiansky,
         (
             "8 GPUs per host over PCIe 3.0 and FDR InfiniBand between hosts (the blog states "
-            "neither; Baidu's Deep Speech 2 cluster had 8 Titan X per node on InfiniBand)",
+            "neither; the Deep Speech 2 paper describes nodes of 8 Titan X GPUs; FDR is a guess "
+            "for a 2016-17 cluster)",
             "fp32 gradients, one ring allreduce of all 1.2 GB after backward (no layer order known)",
         ),
         known_gap=(

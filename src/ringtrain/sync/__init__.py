@@ -21,11 +21,12 @@ point-to-point strategies run on. See docs/sync.md for measurements.
 from __future__ import annotations
 
 from ringtrain import collectives
-from ringtrain.sync.channel import close
+from ringtrain.sync import channel as _channel
+from ringtrain.sync import stall as _stall
 from ringtrain.sync.native import Native
 from ringtrain.sync.ps import ParameterServer
 from ringtrain.sync.ring import Ring
-from ringtrain.sync.signature import check_signature, entry
+from ringtrain.sync.signature import check_exchange, check_signature, entry
 from ringtrain.sync.stall import tracker
 from ringtrain.sync.strategy import STRATEGIES, P2PStrategy, Strategy, make_strategy
 
@@ -38,10 +39,19 @@ __all__ = [
     "STRATEGIES",
     "make_strategy",
     "check_signature",
+    "check_exchange",
     "entry",
     "tracker",
     "close",
 ]
+
+
+def close() -> None:
+    """Release the exchange channel and stop stall reporting (call at shutdown; the next
+    ring/ps exchange or optimizer step starts them again for the current world)."""
+    _channel.close()
+    _stall.close()
+
 
 # Defaults read stall_timeout from the settings at each call.
 collectives.register_algorithm("ring", Ring())

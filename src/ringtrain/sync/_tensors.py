@@ -75,7 +75,11 @@ def flat_work(tensor: torch.Tensor) -> tuple[torch.Tensor, Callable[[], None] | 
             torch.cuda.current_stream(tensor.device).synchronize()
 
         return staged, back
-    return staged, lambda: tensor.copy_(staged.view(tensor.shape))
+
+    def copy_back() -> None:
+        tensor.copy_(staged.view(tensor.shape))
+
+    return staged, copy_back
 
 
 class ScratchPool:

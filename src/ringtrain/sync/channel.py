@@ -13,7 +13,13 @@ before. Run in the caller they would block backward for the whole exchange; on o
 exchange thread per process they overlap with it (torch releases the GIL while it waits
 on Gloo and while it adds tensors). Exchanges run one at a time, in the order they were
 submitted; every rank submits the same exchanges in the same order (the optimizer
-launches buckets in plan order), so the rounds line up across ranks without tags.
+launches buckets in plan order), so the rounds line up across ranks.
+
+A caller that waits for an exchange which is next in line while the thread is idle runs
+it itself (:meth:`Channel.run_if_next`): same order, two thread hand-offs fewer. Each
+hand-off is a wake-up, and on a busy machine a wake-up can cost a whole time slice
+(measured: a synchronous 4 KB ring allreduce took ~3 ms with hand-offs on a loaded
+2-core machine, against ~0.5 ms for Gloo's own allreduce).
 
 The group is created by the thread as its first job: a rank that never arrives then
 shows up as a stall at the first exchange (with ``stall_timeout``), not as a hang in
@@ -24,8 +30,8 @@ from __future__ import annotations
 
 import datetime
 import logging
-import queue
 import threading
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any, TypeVar
@@ -36,13 +42,38 @@ import torch.distributed as dist
 from ringtrain import runtime
 from ringtrain.sync._tensors import ScratchPool
 
-__all__ = ["Channel", "channel", "close"]
+__all__ = ["Channel", "Op", "PeerError", "channel", "close"]
 
 log = logging.getLogger("ringtrain")
 
 T = TypeVar("T")
 
 _STORE_PREFIX = "ringtrain/sync/p2p/"
+
+
+class PeerError(RuntimeError):
+    """A send or receive failed; ``peer`` is the rank on the other side."""
+
+    def __init__(self, peer: int, cause: BaseException) -> None:
+        super().__init__(str(cause))
+        self.peer = peer
+
+
+class Op:
+    """A send or receive in flight; :meth:`wait` names the peer when it fails."""
+
+    __slots__ = ("work", "peer", "timeout")
+
+    def __init__(self, work: Any, peer: int, timeout: datetime.timedelta) -> None:
+        self.work = work
+        self.peer = peer
+        self.timeout = timeout
+
+    def wait(self) -> None:
+        try:
+            self.work.wait(self.timeout)
+        except RuntimeError as exc:
+            raise PeerError(self.peer, exc) from exc
 
 
 class Channel:
@@ -55,9 +86,14 @@ class Channel:
         self._store = store
         self._timeout = datetime.timedelta(seconds=timeout_s)
         self._group: Any = None
-        self._jobs: queue.SimpleQueue[tuple[Callable[[], Any], Future[Any]] | None] = (
-            queue.SimpleQueue()
-        )
+        #: Bound on each send/receive wait, set per exchange to the strategy's stall
+        #: timeout: the thread must not stay blocked in Gloo after the caller gave up
+        #: (a thread blocked in Gloo at interpreter exit aborts the process).
+        self.op_timeout = self._timeout
+        self._cond = threading.Condition()
+        self._pending: deque[tuple[Callable[[], Any], Future[Any]]] = deque()
+        self._running = False  # a job is running (on the thread or in a caller)
+        self._closed = False
         # A daemon thread: an exchange stuck on a dead peer must not keep the process alive.
         self._thread = threading.Thread(target=self._run, name="ringtrain-exchange", daemon=True)
         self._thread.start()
@@ -72,36 +108,67 @@ class Channel:
             )
         return self._group
 
-    def send(self, tensor: torch.Tensor, dst: int, tag: int = 0) -> Any:
-        return self.group.send([tensor], dst, tag)
+    def send(self, tensor: torch.Tensor, dst: int, tag: int = 0) -> Op:
+        return Op(self.group.send([tensor], dst, tag), dst, self.op_timeout)
 
-    def recv(self, tensor: torch.Tensor, src: int, tag: int = 0) -> Any:
-        return self.group.recv([tensor], src, tag)
+    def recv(self, tensor: torch.Tensor, src: int, tag: int = 0) -> Op:
+        return Op(self.group.recv([tensor], src, tag), src, self.op_timeout)
 
     # -- used by callers -----------------------------------------------------------------
 
-    def submit(self, fn: Callable[[], T]) -> Future[T]:
-        """Run ``fn`` on the exchange thread after every job submitted before it."""
+    def submit(self, fn: Callable[[], T], timeout_s: float | None = None) -> Future[T]:
+        """Run ``fn`` on the exchange thread after every job submitted before it; its
+        sends and receives give up after ``timeout_s`` (default: the group's timeout)."""
         fut: Future[T] = Future()
-        self._jobs.put((fn, fut))
+        op_timeout = self._timeout if timeout_s is None else datetime.timedelta(seconds=timeout_s)
+
+        def job() -> T:
+            self.op_timeout = op_timeout
+            return fn()
+
+        with self._cond:
+            self._pending.append((job, fut))
+            self._cond.notify_all()
         return fut
+
+    def run_if_next(self, fut: Future[Any]) -> None:
+        """Run the job of ``fut`` in the calling thread if it is next and nothing runs."""
+        with self._cond:
+            if self._running or not self._pending or self._pending[0][1] is not fut:
+                return
+            job = self._pending.popleft()
+            self._running = True
+        self._execute(job)
 
     def close(self) -> None:
         """Let the thread finish once its queue is empty (it exits without joining)."""
-        self._jobs.put(None)
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+
+    def _execute(self, item: tuple[Callable[[], Any], Future[Any]]) -> None:
+        fn, fut = item
+        try:
+            if fut.set_running_or_notify_cancel():
+                try:
+                    fut.set_result(fn())
+                except BaseException as exc:  # noqa: BLE001 - handed to the waiting caller
+                    fut.set_exception(exc)
+        finally:
+            with self._cond:
+                self._running = False
+                self._cond.notify_all()
 
     def _run(self) -> None:
         while True:
-            item = self._jobs.get()
-            if item is None:
-                return
-            fn, fut = item
-            if not fut.set_running_or_notify_cancel():
-                continue
-            try:
-                fut.set_result(fn())
-            except BaseException as exc:  # noqa: BLE001 - handed to the waiting caller
-                fut.set_exception(exc)
+            with self._cond:
+                while self._running or (not self._pending and not self._closed):
+                    self._cond.wait()
+                if not self._pending:
+                    return  # closed and drained
+                item = self._pending.popleft()
+                self._running = True
+            self._execute(item)
 
 
 _lock = threading.Lock()

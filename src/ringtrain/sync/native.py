@@ -7,6 +7,8 @@ rank is named instead of the job hanging.
 
 from __future__ import annotations
 
+import time
+
 import torch
 import torch.distributed as dist
 
@@ -27,11 +29,12 @@ class Native(Strategy):
         reduce_op = torch_op(op)
         size = runtime.size()
         arrival = stall.tracker().arrive(name, tensor)
+        timeout = self.timeout()
+        started = time.monotonic()
         try:
             work = dist.all_reduce(tensor, op=reduce_op, async_op=True)
         except RuntimeError as exc:
-            raise stall._failure(arrival, exc, 0.0, self.timeout()) from None
-        timeout = self.timeout()
+            raise stall.failure(arrival, exc, started, timeout) from None
 
         def wait() -> None:
             stall.wait_work(work, arrival, timeout)

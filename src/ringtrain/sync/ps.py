@@ -79,6 +79,8 @@ class ParameterServer(P2PStrategy):
 
     def exchange(self, flat: torch.Tensor, op: ReduceOp, ch: Channel) -> None:
         n, r, k = ch.size, ch.rank, self.servers
+        if n == 1 or flat.numel() == 0:
+            return  # nothing to exchange; an average over one rank is the value itself
         chunks = self.chunks_per_rank or auto_chunks(flat.numel() * flat.element_size() // k)
         plan = shard_plan(flat.numel(), flat.element_size(), k, chunks)
         sends: list[Any] = []

@@ -32,9 +32,10 @@ from ringtrain.sync.strategy import P2PStrategy
 
 __all__ = ["Ring", "ring_schedule", "auto_chunks"]
 
-# Pieces smaller than this gain nothing from pipelining: each round costs a few tens of
-# microseconds of Python and Gloo overhead (measured: benchmarks/allreduce.py --chunks).
-_MIN_PIECE_BYTES = 256 * 1024
+# Pieces smaller than this gain nothing from pipelining on CPUs: each piece and round
+# costs tens of microseconds of Python and Gloo overhead plus a thread wake-up, and
+# 256 KB pieces measured slower than whole segments at 1-4 MB (2 ranks, Gloo, 2 cores).
+_MIN_PIECE_BYTES = 1 << 20
 _MAX_CHUNKS = 4
 
 
@@ -50,7 +51,7 @@ def ring_schedule(size: int, rank: int) -> list[tuple[int, int]]:
 
 
 def auto_chunks(segment_bytes: int) -> int:
-    """Pieces per segment: enough to pipeline, none smaller than ~256 KB."""
+    """Pieces per segment: enough to pipeline, none smaller than ~1 MB."""
     return max(1, min(_MAX_CHUNKS, segment_bytes // _MIN_PIECE_BYTES))
 
 
@@ -70,6 +71,8 @@ class Ring(P2PStrategy):
 
     def exchange(self, flat: torch.Tensor, op: ReduceOp, ch: Channel) -> None:
         n, r = ch.size, ch.rank
+        if n == 1 or flat.numel() == 0:
+            return  # nothing to exchange; an average over one rank is the value itself
         chunks = self.chunks_per_rank or auto_chunks(flat.numel() * flat.element_size() // n)
         # pieces[segment][j] = (start, length) in flat; identical on every rank.
         pieces: list[list[Span]] = [even_spans(length, chunks, start)

@@ -30,7 +30,7 @@ from ringtrain import runtime
 from ringtrain.errors import MismatchError, StallError
 from ringtrain.settings import env_name
 
-__all__ = ["Entry", "entry", "describe_mismatch", "check_signature"]
+__all__ = ["Entry", "entry", "describe_mismatch", "check_signature", "check_exchange"]
 
 #: (name, shape, dtype) of one exchanged tensor.
 Entry = tuple[str, tuple[int, ...], str]
@@ -56,9 +56,9 @@ def _ranks(ranks: Iterable[int]) -> str:
 
 
 def _first_difference(ref: Sequence[Entry], other: Sequence[Entry]) -> tuple[int, str, str]:
-    for i, (a, b) in enumerate(zip(ref, other)):
-        if a != b:
-            return i, _fmt(a), _fmt(b)
+    for i, (x, y) in enumerate(zip(ref, other)):
+        if x != y:
+            return i, _fmt(x), _fmt(y)
     i = min(len(ref), len(other))
     a = _fmt(ref[i]) if i < len(ref) else "nothing (its list ends here)"
     b = _fmt(other[i]) if i < len(other) else "nothing (its list ends here)"
@@ -88,18 +88,18 @@ def describe_mismatch(
     lines = []
     for ranks in ordered[1:4]:
         r = ranks[0]
+        # Tensors first: a different model also changes derived settings (bucket sizes),
+        # and the tensor is what the user can act on.
+        if list(entries[ref]) != list(entries[r]):
+            i, a, b = _first_difference(entries[ref], entries[r])
+            lines.append(f"tensor #{i} is {a} on {_ranks(ref_ranks)} but {b} on {_ranks(ranks)}")
+            continue
         ref_set, other_set = dict(settings.get(ref, {})), dict(settings.get(r, {}))
         diff_keys = sorted(k for k in set(ref_set) | set(other_set) if ref_set.get(k) != other_set.get(k))
-        if diff_keys:
-            k = diff_keys[0]
-            lines.append(
-                f"setting {k}={ref_set.get(k)!r} on {_ranks(ref_ranks)} but "
-                f"{other_set.get(k)!r} on {_ranks(ranks)}"
-            )
-            continue
-        i, a, b = _first_difference(entries[ref], entries[r])
+        k = diff_keys[0]
         lines.append(
-            f"tensor #{i} is {a} on {_ranks(ref_ranks)} but {b} on {_ranks(ranks)}"
+            f"setting {k}={ref_set.get(k)!r} on {_ranks(ref_ranks)} but "
+            f"{other_set.get(k)!r} on {_ranks(ranks)}"
         )
     differing = sorted(r for rs in ordered[1:] for r in rs)
     more = f" (and {len(ordered) - 4} more groups)" if len(ordered) > 4 else ""
@@ -172,3 +172,19 @@ def check_signature(
     all_settings = {r: decoded[hashes[r]]["settings"] for r in range(size)}
     message = describe_mismatch(all_entries, all_settings, what)
     raise MismatchError(message or f"ranks would exchange different {what} ({when})")
+
+
+def check_exchange(
+    strategy: object,
+    tensors: Iterable[tuple[str, Sequence[int], torch.dtype | str]],
+    settings: Mapping[str, str] | None = None,
+    when: str = "first step",
+) -> None:
+    """The optimizer's check: ``tensors`` are (name, shape, dtype) in exchange order;
+    the strategy's own settings (e.g. ps_servers) and stall timeout are added here."""
+    shared = dict(settings or {})
+    sig = getattr(strategy, "signature", None)
+    shared.update(sig() if callable(sig) else {"strategy": str(strategy)})
+    timeout_fn = getattr(strategy, "timeout", None)
+    timeout = timeout_fn() if callable(timeout_fn) else None
+    check_signature([entry(*t) for t in tensors], shared, timeout=timeout, when=when)

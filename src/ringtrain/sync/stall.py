@@ -44,6 +44,8 @@ __all__ = [
     "inspect",
     "wait_work",
     "wait_future",
+    "failure",
+    "close",
     "is_peer_failure",
 ]
 
@@ -64,7 +66,7 @@ class Arrival:
     count: int  #: how many times ``name`` was exchanged, this one included
 
     def label(self) -> str:
-        return f"{self.name!r} (exchange #{self.seq}, its {_ordinal(self.count)} time)"
+        return f"{self.name!r} for the {_ordinal(self.count)} time (exchange #{self.seq})"
 
     def to_json(self) -> str:
         return json.dumps([self.seq, self.name, self.count])
@@ -121,7 +123,7 @@ class Tracker:
             with self._cond:
                 while self._pending is None and not self._closed:
                     self._cond.wait()
-                if self._closed:
+                if self._closed or self._pending is None:
                     return
                 value, self._pending = self._pending, None
             try:
@@ -148,6 +150,8 @@ class Tracker:
 
     def mark_gone(self) -> None:
         """Tell the others this process is leaving (at exit; bounded, best effort)."""
+        if self._closed:
+            return  # replaced by a newer world's tracker, or the store is gone
         try:
             _bounded(lambda: self.store.set(f"{_PREFIX}gone/{self.rank}", "1"), 1.0)
         except Exception:  # noqa: BLE001 - the store is gone too; nothing to tell
@@ -169,6 +173,15 @@ def tracker() -> Tracker:
                 _current[1].close()
             _current = (world, Tracker(runtime.store(), world.env.rank, world.env.size))
         return _current[1]
+
+
+def close() -> None:
+    """Stop publishing arrivals (the next exchange starts a new tracker)."""
+    global _current
+    with _lock:
+        if _current is not None:
+            _current[1].close()
+            _current = None
 
 
 def _bounded(fn: Callable[[], T], seconds: float) -> T | None:
@@ -282,13 +295,26 @@ def _is_timeout(exc: BaseException) -> bool:
     return "timed out" in str(exc).lower() or "timeout" in str(exc).lower()
 
 
-def _failure(arrival: Arrival, exc: BaseException, started: float, timeout_s: float) -> Exception:
+def _short(text: str) -> str:
+    """Gloo's first sentence without its source path ("Connection closed by peer [addr]")."""
+    first = (text.strip().splitlines() or [""])[0]
+    for marker in ("Connection", "Broken pipe", "Socket"):
+        if marker in first:
+            first = first[first.find(marker):]
+            break
+    return first.split(". ")[0].rstrip(".")[:160]
+
+
+def failure(arrival: Arrival, exc: BaseException, started: float, timeout_s: float) -> Exception:
+    """The error for a failed wait that started at ``started`` (time.monotonic())."""
     waited = time.monotonic() - started
     first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
     if is_peer_failure(exc):
-        # Gloo's text starts with a source path; keep the readable part.
-        short = first[first.find("Connection"):] if "Connection" in first else first
-        return inspect(arrival, waited, timeout_s, cause=short[:200])
+        peer = getattr(exc, "peer", None)
+        cause = _short(str(exc))
+        if peer is not None:
+            cause = f"the connection to rank {peer} broke: {cause}"
+        return inspect(arrival, waited, timeout_s, cause=cause)
     if _is_timeout(exc):
         return inspect(arrival, waited, timeout_s)
     return CollectiveError(f"exchange of {arrival.label()} failed on rank {runtime.rank()}: {first}")
@@ -300,7 +326,7 @@ def wait_work(work: Any, arrival: Arrival, timeout_s: float) -> None:
     try:
         work.wait(timeout=datetime.timedelta(seconds=timeout_s))
     except RuntimeError as exc:
-        raise _failure(arrival, exc, started, timeout_s) from None
+        raise failure(arrival, exc, started, timeout_s) from None
 
 
 def wait_future(fut: Future[T], arrival: Arrival, timeout_s: float) -> T:
@@ -311,4 +337,4 @@ def wait_future(fut: Future[T], arrival: Arrival, timeout_s: float) -> T:
     except FutureTimeout:
         raise inspect(arrival, time.monotonic() - started, timeout_s) from None
     except RuntimeError as exc:
-        raise _failure(arrival, exc, started, timeout_s) from None
+        raise failure(arrival, exc, started, timeout_s) from None

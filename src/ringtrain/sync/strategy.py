@@ -90,9 +90,14 @@ class P2PStrategy(Strategy):
             if write_back is not None:
                 write_back()
 
-        fut = ch.submit(job)
         timeout = self.timeout()
-        return Handle(tensor, lambda: stall.wait_future(fut, arrival, timeout), name)
+        fut = ch.submit(job, timeout)
+
+        def wait() -> None:
+            ch.run_if_next(fut)  # next in line and the thread idle: no hand-off
+            stall.wait_future(fut, arrival, timeout)
+
+        return Handle(tensor, wait, name)
 
 
 def make_strategy(

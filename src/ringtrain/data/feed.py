@@ -1,0 +1,269 @@
+"""The training process's side of the worker pipeline: batches of one epoch, in order.
+
+:class:`WorkerFeed` keeps the workers busy (a task per free slot and idle worker, up
+to ``prefetch`` batches ahead of the loop), collects their answers, delivers them in
+order, and turns each into a batch:
+
+* zero-copy: numpy/torch views of the slot, built on a fresh numpy object per batch;
+  a weak reference on that object returns the slot once the loop has dropped every
+  tensor of the batch (so a batch the loop keeps is never overwritten);
+* copied out: once the loop holds ``keep`` zero-copy batches, later batches are copied
+  (one ``memcpy``) and their slot goes straight back, so workers never starve;
+* for the device stager: views plus a ``release`` callback it runs after the copy event.
+
+Everything that must be released at exit lives here, apart from the loader, so a
+``weakref.finalize`` on the loader can clean up without keeping it alive.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import weakref
+from collections.abc import Callable
+from functools import partial
+from typing import Any
+
+import numpy as np
+
+from ringtrain.data.collate import unpack
+from ringtrain.data.order import EpochPlan
+from ringtrain.data.prefetch import DeviceStager
+from ringtrain.data.shm import Slot, SlotPool
+from ringtrain.data.workers import BIG, ERR, OK, WorkerPool
+from ringtrain.errors import DataError, WorkerError
+
+__all__ = ["WorkerFeed"]
+
+log = logging.getLogger("ringtrain.data")
+
+# Per-worker queue depth when a batch is at most this big (see WorkerFeed.prefetch).
+_SMALL_BATCH = 8 << 20
+
+
+class WorkerFeed:
+    """Worker pool, shared-memory slots and the in-order delivery of their batches."""
+
+    def __init__(self, dataset: Any, worker_kwargs: dict[str, Any], *, keep: int,
+                 zero_copy: bool, prefetch: int | None, stager: DeviceStager | None,
+                 pin: bool, device_depth: int) -> None:
+        self._dataset = dataset
+        self._worker_kwargs = worker_kwargs
+        self._keep, self._zero_copy, self._prefetch_arg = keep, zero_copy, prefetch
+        self.stager, self._pin, self._device_depth = stager, pin, device_depth
+        self.pool: WorkerPool | None = None
+        self.slots: SlotPool | None = None
+        self.refs: dict[int, tuple[weakref.ref, int]] = {}  # zero-copy batches the loop holds
+        self.num_workers = 0
+        self.describe: Callable[[int], str] = lambda k: f"batch {k}"
+        self.copied_batches = 0
+        self.fallback_batches = 0
+        # the current plan
+        self._plan: EpochPlan | None = None
+        self._plan_id = 0
+        self._seq_base = self._seq_next = 0
+        self._dispatched = self._taken = 0
+        self._ready: dict[int, tuple] = {}
+
+    # ---- sizes -------------------------------------------------------------------------
+    @property
+    def prefetch(self) -> int:
+        """Batches loaded ahead of the loop: 4 per worker while batches are small (one
+        slow batch stalls in-order delivery of short tasks more often), else 2."""
+        if self._prefetch_arg:
+            return self._prefetch_arg
+        small = self.slots is not None and 0 < self.slots.slot_bytes <= _SMALL_BATCH
+        return max(2, (4 if small else 2) * self.num_workers)
+
+    def _max_slots(self) -> int:
+        return self.prefetch + self._keep + self._device_depth + 1
+
+    def _resize_queues(self) -> None:
+        if self.pool is not None and self.slots is not None:
+            self.pool.per_worker = max(2, -(-self.prefetch // max(1, self.num_workers)))
+            self.slots.set_max_slots(self._max_slots())
+
+    # ---- lifecycle ---------------------------------------------------------------------
+    def start(self, num_workers: int) -> None:
+        """Make sure ``num_workers`` workers run (after a failure: fresh ones)."""
+        self.num_workers = num_workers
+        if self.pool is not None and not self.pool.closed:
+            self.pool.resize(num_workers)
+            self._resize_queues()
+            return
+        self.pool = WorkerPool(self._dataset, **self._worker_kwargs)
+        self.pool.describe = lambda seq: self.describe(seq - self._seq_base)
+        self.slots = SlotPool(self._max_slots(), on_create=self._slot_created,
+                              on_retire=self._slot_retired)
+        self.refs.clear()
+        self.pool.resize(num_workers)
+        self._resize_queues()
+
+    def begin(self, plan: EpochPlan) -> None:
+        """Deliver ``plan``'s batches from now on (an unfinished plan is abandoned)."""
+        self.abandon()
+        self._plan = plan
+        self._plan_id += 1
+        self._seq_base = self._seq_next
+        self._seq_next += plan.num_batches
+        self._dispatched = self._taken = 0
+
+    def abandon(self) -> None:
+        """Forget undelivered batches; results still in flight are dropped on arrival."""
+        if self.slots is not None:
+            for msg in self._ready.values():
+                if msg[0] == OK:
+                    self.slots.release(msg[2])
+        self._ready.clear()
+        if self.stager is not None:
+            self.stager.clear()
+        self._seq_base = self._seq_next  # anything older is stale now
+
+    def fail(self) -> None:
+        """After an error or Ctrl-C: stop the workers at once, nothing left behind."""
+        self._ready.clear()
+        self._seq_base = self._seq_next
+        if self.pool is not None:
+            self.pool.close(timeout=0.5)  # a worker stuck in the dataset is terminated soon
+        if self.stager is not None:
+            try:
+                self.stager.clear()
+            except Exception:  # a broken CUDA context must not stop the cleanup
+                log.debug("stager cleanup failed", exc_info=True)
+        if self.slots is not None:
+            self.slots.close()
+            self.slots = None
+
+    def close(self) -> None:
+        """Stop the workers and free the slots (the loader's finalizer)."""
+        self._ready.clear()
+        if self.stager is not None:
+            try:
+                self.stager.clear()
+            except Exception:
+                log.debug("stager cleanup failed", exc_info=True)
+        if self.pool is not None:
+            self.pool.close()
+            self.pool = None
+        if self.slots is not None:
+            self.slots.close()
+            self.slots = None
+
+    # ---- slots and the device ---------------------------------------------------------
+    def _slot_created(self, slot: Slot) -> None:
+        if self._pin and self.stager is not None:
+            slot.pinned = self.stager.backend.register(slot.address, slot.size)
+
+    def _slot_retired(self, slot: Slot) -> None:
+        if slot.pinned and self.stager is not None:
+            slot.pinned = False
+            try:
+                self.stager.backend.unregister(slot.address)
+            except Exception:  # at interpreter exit the CUDA context may be gone already
+                log.debug("could not unregister slot %d", slot.id, exc_info=True)
+
+    def _on_drop(self, ref: weakref.ref) -> None:
+        # Runs when the loop lets go of the last view of a zero-copy batch.
+        entry = self.refs.pop(id(ref), None)
+        if entry is not None and self.slots is not None:
+            self.slots.release(entry[1])
+
+    # ---- delivery ----------------------------------------------------------------------
+    def peek(self, k: int) -> tuple | None:
+        """Batch ``k``'s answer if it has arrived (without waiting)."""
+        return self._ready.get(self._seq_base + k)
+
+    def take(self, k: int, timeout: float | None) -> tuple:
+        """Wait for batch ``k``'s answer, dispatching work meanwhile."""
+        pool = self.pool
+        assert pool is not None
+        seq = self._seq_base + k
+        self._taken = max(self._taken, k)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while seq not in self._ready:
+            self._dispatch()
+            if seq not in pool.owner and seq not in self._ready:
+                # Not even dispatched: every slot is busy; finished copies free some.
+                if self.stager is not None and self.stager.copying:
+                    self.stager.reap(block=True)
+                    continue
+                if not pool.owner:  # and nothing in flight: waiting would hang
+                    raise DataError(
+                        f"the loader cannot schedule batch {k}: no free slot or worker "
+                        f"({len(self.refs)} batches held by the loop, {len(pool.active)} "
+                        "workers); this is a bug, please report it")
+            wait = 1.0 if deadline is None else max(0.0, min(1.0, deadline - time.monotonic()))
+            for msg in pool.poll(wait):
+                self._accept(msg)
+            if deadline is not None and seq not in self._ready and time.monotonic() >= deadline:
+                raise DataError(
+                    f"no batch from the {len(pool.workers)} loader workers in {timeout:g} s "
+                    f"({self.describe(k)}); a dataset call may be hanging, or raise "
+                    "Loader(timeout=...)")
+        msg = self._ready.pop(seq)
+        self._taken = k + 1
+        self._dispatch()  # refill before the loop computes on this batch
+        return msg
+
+    def _dispatch(self) -> None:
+        """Hand out tasks while there are batches to do, free slots and idle workers."""
+        pool, slots, plan = self.pool, self.slots, self._plan
+        assert pool is not None and slots is not None and plan is not None
+        if self.stager is not None:
+            self.stager.reap()
+        while (self._dispatched < plan.num_batches
+               and self._dispatched - self._taken < self.prefetch):
+            worker = pool.pick()
+            if worker is None:
+                break
+            slot = slots.acquire()
+            if slot is None:
+                # Unsized pool: one batch per worker travels as bytes and sizes the slots.
+                if slots.sized or len(pool.owner) >= len(pool.active):
+                    break
+            pool.submit(worker, self._seq_base + self._dispatched, self._plan_id, plan,
+                        self._dispatched, slot)
+            self._dispatched += 1
+        if slots.retired:
+            pool.forget_slots(slots.retired)
+            slots.retired.clear()
+
+    def _accept(self, msg: tuple) -> None:
+        kind, seq, slot_id = msg[0], msg[1], msg[2]
+        slots = self.slots
+        assert slots is not None
+        if kind == BIG:
+            self.fallback_batches += 1
+            slots.fit(msg[4], headroom=0.25 if slot_id >= 0 else 0.0)
+            self._resize_queues()
+        if kind != OK and slot_id >= 0:
+            slots.release(slot_id)
+        if seq < self._seq_base:  # left over from an abandoned epoch
+            if kind == OK:
+                slots.release(slot_id)
+            return
+        self._ready[seq] = msg
+
+    def host_batch(self, msg: tuple, device: bool
+                   ) -> tuple[Any, bool, Callable[[], None] | None]:
+        """A worker's answer as a host batch: (batch, page-locked?, release callback)."""
+        kind = msg[0]
+        if kind == ERR:
+            raise WorkerError(msg[3])
+        if kind == BIG:
+            return unpack(msg[3], np.frombuffer(msg[5], dtype=np.uint8)), False, None
+        slots = self.slots
+        assert kind == OK and slots is not None
+        slot = slots.slots[msg[2]]
+        raw = slot.fresh_array()
+        if device:  # the stager copies it, then releases the slot after the copy event
+            return unpack(msg[3], raw), slot.pinned, partial(slots.release, slot.id)
+        if not self._zero_copy or len(self.refs) >= self._keep:
+            batch = unpack(msg[3], raw, copy=True)
+            slots.release(slot.id)
+            self.copied_batches += 1
+            return batch, False, None
+        batch = unpack(msg[3], raw)
+        ref = weakref.ref(raw, self._on_drop)
+        self.refs[id(ref)] = (ref, slot.id)
+        return batch, False, None

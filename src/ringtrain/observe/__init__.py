@@ -1,0 +1,27 @@
+"""Where a training step's time goes: step meter, timeline, progress, GPU sampling, doctor.
+
+Metering starts by itself with the first step (see :mod:`ringtrain.observe.session`)::
+
+    import ringtrain as rt
+    ...
+    rt.observe.summary()   # plain data: step time, shares per phase, device busy, samples/s
+
+A data source that is not ``rt.data.Loader`` is made visible with
+:func:`instrument`; ``ringtrain doctor`` runs a script and gives a verdict
+(:mod:`ringtrain.observe.doctor`). docs/observe.md has the details.
+"""
+
+from __future__ import annotations
+
+from ringtrain.observe import session as _session
+from ringtrain.observe.instrument import Instrumented, instrument, span
+from ringtrain.observe.meter import PHASES, Meter, StepRecord
+from ringtrain.observe.session import current, flush, start, stop, summary
+
+__all__ = [
+    "summary", "instrument", "Instrumented", "span", "start", "stop", "flush", "current",
+    "Meter", "StepRecord", "PHASES",
+]
+
+# Metering begins at the first event any publisher emits; until then it costs nothing.
+_session.arm()

@@ -1,0 +1,219 @@
+"""``ringtrain doctor``: run a training script and say where its steps' time goes.
+
+    ringtrain doctor [-np N] [--steps S] [--warmup W] [--out DIR] -- python train.py ARGS
+
+The script runs unchanged (through ``ringrun -np N`` when N > 1). The doctor asks each
+rank, through ``RINGTRAIN_DOCTOR*`` environment variables (see
+:mod:`ringtrain.observe.session`), to meter its steps and, once S steps past W warm-up
+steps are measured, to write its report to DIR and leave with exit code 0, so a long
+training run is cut short after the measurement. The doctor then prints the verdict
+(input-, exchange- or compute-bound) with the numbers behind it and advice, merges the
+ranks' timelines into DIR/timeline.json and draws DIR/doctor.png.
+
+Exit codes: 0 verdict printed; 2 bad usage; 3 no step was measured; otherwise the
+script's own failing exit code (128 + N when killed by signal N), after its last
+output lines.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from ringtrain.observe import plot
+from ringtrain.observe.session import DOCTOR_ENV, DOCTOR_STEPS_ENV, DOCTOR_WARMUP_ENV
+from ringtrain.observe.timeline import merge
+from ringtrain.observe.verdict import diagnose, render
+
+__all__ = ["main", "build_parser", "load_reports", "EXIT_USAGE", "EXIT_NO_STEPS"]
+
+EXIT_USAGE = 2
+EXIT_NO_STEPS = 3
+#: Output lines of the script kept to show when it fails.
+TAIL_LINES = 20
+NO_STEP_MESSAGE = ("no ringtrain step was measured: does the script use "
+                   "rt.DistributedOptimizer / rt.data.Loader (or rt.observe.instrument)?")
+
+
+class _UsageError(Exception):
+    pass
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise _UsageError(f"{message} (see 'ringtrain doctor --help')")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(
+        prog="ringtrain doctor",
+        description="Run a training script, meter its steps on every rank and say what "
+                    "limits it: input, gradient exchange or compute.",
+        epilog="Example: ringtrain doctor -np 2 --steps 50 -- python train.py --epochs 1",
+    )
+    p.add_argument("-np", "--num-proc", dest="np", type=int, default=1,
+                   help="processes (ranks); > 1 runs the script through ringrun (default 1)")
+    p.add_argument("--steps", type=int, default=50,
+                   help="steps to measure after the warm-up, then stop the script; "
+                        "0 runs it to its end (default 50)")
+    p.add_argument("--warmup", type=int, default=5,
+                   help="first steps left out of the numbers (default 5)")
+    p.add_argument("--out", default="runs/doctor",
+                   help="directory for reports, timeline and plot (default runs/doctor)")
+    p.add_argument("--timeline", help="trace path (default OUT/timeline.json)")
+    p.add_argument("--no-plot", action="store_true", help="do not draw OUT/doctor.png")
+    p.add_argument("-q", "--quiet", action="store_true",
+                   help="do not echo the script's output (it is still shown when it fails)")
+    p.add_argument("command", nargs=argparse.REMAINDER,
+                   help="the command to run, after --, e.g. -- python train.py")
+    return p
+
+
+def _command(args: argparse.Namespace) -> list[str]:
+    command = list(args.command)
+    if command and command[0] == "--":
+        command = command[1:]
+    if not command:
+        raise _UsageError("no command given; e.g. 'ringtrain doctor -- python train.py'")
+    if args.np < 1:
+        raise _UsageError(f"-np must be >= 1, got {args.np}")
+    if args.steps < 0 or args.warmup < 0:
+        raise _UsageError("--steps and --warmup must be >= 0")
+    exe = command[0]
+    if shutil.which(exe) is None and not (os.sep in exe and os.access(exe, os.X_OK)):
+        raise _UsageError(f"command {exe!r} not found; check the spelling or use a full path")
+    if args.np > 1:
+        # ringrun as a module of this interpreter: no reliance on PATH.
+        return [sys.executable, "-m", "ringtrain.launch.cli", "-np", str(args.np), *command]
+    return command
+
+
+def _clean(out: Path, timeline: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    stale = [*out.glob("meter-*.json"), timeline,
+             *timeline.parent.glob(f"{timeline.stem}.rank*{timeline.suffix}")]
+    for path in stale:
+        try:
+            path.unlink()
+        except FileNotFoundError:
+            pass
+
+
+def _run(command: list[str], env: dict[str, str], quiet: bool) -> tuple[int, list[str]]:
+    """Run, echoing output; returns (exit status, last output lines)."""
+    tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
+    proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            stdin=subprocess.DEVNULL, text=True, errors="replace", bufsize=1)
+    assert proc.stdout is not None
+    try:
+        for line in proc.stdout:
+            tail.append(line.rstrip("\n"))
+            if not quiet:
+                sys.stdout.write(line)
+                sys.stdout.flush()
+        code = proc.wait()
+    except KeyboardInterrupt:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        raise
+    return (128 - code if code < 0 else code), list(tail)
+
+
+def load_reports(out: Path) -> list[dict[str, Any]]:
+    """The ranks' reports in ``out`` (unreadable files are skipped), by rank."""
+    reports = []
+    for path in sorted(out.glob("meter-*.json")):
+        try:
+            reports.append(json.loads(path.read_text(encoding="utf-8")))
+        except (OSError, ValueError):
+            continue
+    return sorted(reports, key=lambda r: r.get("rank", 0))
+
+
+def _say(message: str) -> None:
+    print(f"ringtrain doctor: {message}", flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        args = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
+        command = _command(args)
+    except _UsageError as exc:
+        print(f"ringtrain doctor: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    out = Path(args.out)
+    timeline = Path(args.timeline) if args.timeline else out / "timeline.json"
+    _clean(out, timeline)
+    env = dict(os.environ)
+    env.update({DOCTOR_ENV: str(out.resolve()), DOCTOR_STEPS_ENV: str(args.steps),
+                DOCTOR_WARMUP_ENV: str(args.warmup), "RINGTRAIN_TIMELINE": str(timeline.resolve()),
+                "PYTHONUNBUFFERED": "1"})
+    shown = " ".join(args.command[1:] if args.command[:1] == ["--"] else args.command)
+    until = f"{args.steps} steps after {args.warmup} warm-up" if args.steps else "to its end"
+    _say(f"running '{shown}' on {args.np} rank(s), measuring {until}")
+    try:
+        code, tail = _run(command, env, args.quiet)
+    except KeyboardInterrupt:
+        _say("interrupted")
+        return 130
+    except OSError as exc:
+        print(f"ringtrain doctor: error: cannot start {command[0]!r}: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    if code != 0:
+        _say(f"the script failed with exit code {code}; its last lines:")
+        for line in tail:
+            print(f"  | {line}")
+        return code
+    reports = load_reports(out)
+    measured = [r for r in reports if r.get("summary", {}).get("steps", 0) > 0]
+    if not measured:
+        seen = max((r.get("summary", {}).get("steps_seen", 0) for r in reports), default=0)
+        if seen:
+            _say(f"only {seen} step(s) ran, all inside the warm-up of {args.warmup}: let the "
+                 "script run longer or lower --warmup")
+        else:
+            _say(NO_STEP_MESSAGE)
+        return EXIT_NO_STEPS
+    diagnosis = diagnose(measured)
+    steps = min(r["summary"]["steps"] for r in measured)
+    print()
+    _say(f"{len(measured)} of {args.np} rank(s) reported, {steps} steps measured "
+         f"after {args.warmup} warm-up")
+    if len(measured) < args.np:
+        missing = sorted(set(range(args.np)) - {r["rank"] for r in measured})
+        _say(f"no report from rank(s) {missing}")
+    print(render(diagnosis))
+    print()
+    _say_files(out, timeline, measured, diagnosis.headline, args)
+    return 0
+
+
+def _say_files(out: Path, timeline: Path, reports: list[dict[str, Any]], title: str,
+               args: argparse.Namespace) -> None:
+    parts = sorted(timeline.parent.glob(f"{timeline.stem}.rank*{timeline.suffix}"))
+    if parts:
+        merge(parts, timeline)
+    if timeline.exists():
+        print(f"  timeline  {timeline}  (open in https://ui.perfetto.dev or chrome://tracing)")
+    if not args.no_plot:
+        if plot.available():
+            png = plot.plot_reports(reports, out / "doctor.png", title=title.split(":")[0])
+            print(f"  plot      {png}")
+        else:
+            print("  plot      skipped: matplotlib is not installed (pip install 'ringtrain[plot]')")
+    print(f"  reports   {out}/meter-*.json")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,391 @@
+"""The step meter: split every training step into where its time went.
+
+A step runs from the end of the previous step (the optimizer's ``step_end`` event)
+to the end of this one. Inside it, the spans published on :mod:`ringtrain.events`
+say when the training loop was *blocked*:
+
+=================  ====================================================================
+``h2d_copy``       the loop waited for a host-to-device copy (a copy overlapped on a
+                   side stream, ``overlapped=True``, blocks nothing: timeline only)
+``data_wait``      the loop waited in ``next()`` for a batch
+``exchange_wait``  ``step()``/``synchronize()`` waited for gradient exchanges, i.e. the
+                   part of the exchange *not* hidden behind backward
+``update``         the wrapped optimizer's update
+``compute``        everything else: forward + backward (and any other Python in the loop)
+=================  ====================================================================
+
+Spans may overlap (a loader may report a copy inside its own wait); each instant goes
+to the first phase in the order above that covers it, so the five phases are disjoint
+and add up to the step time *by construction* (:func:`split_step`).
+
+Without a ``step_end`` (a loop that uses ``rt.data.Loader`` but not
+``DistributedOptimizer``), a step runs from one ``data_wait`` to the next.
+
+Everything here is pure bookkeeping on numbers: no threads, no I/O, no clock of its
+own, so it is tested with hand-made spans.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["PHASES", "StepRecord", "Meter", "split_step", "summarize", "percentile"]
+
+#: The five disjoint phases of a step, in display order.
+PHASES: tuple[str, ...] = ("data_wait", "h2d_copy", "compute", "exchange_wait", "update")
+# Which blocking phase owns an instant covered by several spans: a copy reported inside
+# the loader's wait is the copy; anything blocked is not compute.
+_PRIORITY: tuple[str, ...] = ("h2d_copy", "data_wait", "exchange_wait", "update")
+_RANK = {kind: i for i, kind in enumerate(_PRIORITY)}
+# Spans kept between two step ends; a loop that iterates a loader for a long time
+# without stepping (evaluation) must not grow memory without bound.
+_MAX_PENDING = 4096
+
+Segment = tuple[str, float, float]
+
+
+@dataclass(frozen=True, slots=True)
+class StepRecord:
+    """One measured step; times in seconds (``time.perf_counter`` clock)."""
+
+    index: int  #: 0 for the first step this process measured
+    start: float
+    end: float
+    data_wait: float
+    h2d_copy: float
+    compute: float
+    exchange_wait: float
+    update: float
+    #: Wall time some gradient exchange was in flight (hidden + exposed part).
+    exchange: float = 0.0
+    exchange_bytes: int = 0
+    buckets: int = 0
+    #: Tensors exchanged in this step (over all buckets).
+    tensors: int = 0
+    #: Samples delivered in this step (None when the data source did not say).
+    samples: int | None = None
+    #: Duration of copies overlapped on a side stream (not part of the split).
+    h2d_overlapped: float = 0.0
+
+    @property
+    def step(self) -> float:
+        return self.end - self.start
+
+    @property
+    def busy(self) -> float:
+        """Share of the step the device had work: not waiting for data or exchange.
+
+        The host-side estimate used when no NVML reading exists (a device step leaves
+        the CPU free, so waiting is the only thing the host sees as idle device time).
+        """
+        if self.step <= 0:
+            return 0.0
+        idle = self.data_wait + self.h2d_copy + self.exchange_wait
+        return max(0.0, min(1.0, 1.0 - idle / self.step))
+
+    def phase(self, name: str) -> float:
+        return float(getattr(self, name))
+
+
+def _union_length(spans: Sequence[tuple[float, float]], lo: float, hi: float) -> float:
+    """Length of the union of ``spans`` clipped to ``[lo, hi]``."""
+    total, cur_a, cur_b = 0.0, None, None
+    for a, b in sorted(spans):
+        a, b = max(a, lo), min(b, hi)
+        if b <= a:
+            continue
+        if cur_b is None or a > cur_b:
+            if cur_b is not None and cur_a is not None:
+                total += cur_b - cur_a
+            cur_a, cur_b = a, b
+        else:
+            cur_b = max(cur_b, b)
+    if cur_b is not None and cur_a is not None:
+        total += cur_b - cur_a
+    return total
+
+
+def split_step(start: float, end: float,
+               spans: Sequence[Segment]) -> tuple[dict[str, float], list[Segment]]:
+    """Attribute ``[start, end]`` to the five phases.
+
+    ``spans`` are ``(kind, t_start, t_end)`` with kinds from the blocking phases; they
+    are clipped to the step and resolved by priority where they overlap; what no span
+    covers is ``compute``. Returns the seconds per phase (summing to ``end - start``)
+    and the disjoint segments, in time order, that cover the step.
+    """
+    clipped = sorted(
+        (max(a, start), min(b, end), _RANK[k]) for k, a, b in spans
+        if k in _RANK and min(b, end) > max(a, start)
+    )
+    totals = dict.fromkeys(PHASES, 0.0)
+    segments: list[Segment] = []
+
+    def put(kind: str, a: float, b: float) -> None:
+        if b <= a:
+            return
+        totals[kind] += b - a
+        if segments and segments[-1][0] == kind and segments[-1][2] == a:
+            segments[-1] = (kind, segments[-1][1], b)
+        else:
+            segments.append((kind, a, b))
+
+    if all(clipped[i][1] <= clipped[i + 1][0] for i in range(len(clipped) - 1)):
+        # The usual case: spans do not overlap, one linear pass.
+        cursor = start
+        for a, b, r in clipped:
+            put("compute", cursor, a)
+            put(_PRIORITY[r], a, b)
+            cursor = b
+        put("compute", cursor, end)
+    else:
+        # Overlaps: cut the step at every span boundary, give each piece to the
+        # highest-priority span covering it. A step has a handful of spans.
+        points = sorted({start, end, *(a for a, _, _ in clipped), *(b for _, b, _ in clipped)})
+        for a, b in zip(points, points[1:]):
+            owners = [r for sa, sb, r in clipped if sa <= a and sb >= b]
+            put(_PRIORITY[min(owners)] if owners else "compute", a, b)
+    return totals, segments
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The ``q``-th percentile (0..100) by linear interpolation; 0.0 for no values."""
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    pos = (len(ordered) - 1) * q / 100.0
+    lo, hi = math.floor(pos), math.ceil(pos)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+
+
+class Meter:
+    """Assemble step records from timed events and keep rolling statistics.
+
+    Feed it every event (:meth:`feed`); it returns a :class:`StepRecord` when a step
+    ends. The first ``warmup`` steps (worker start-up, allocator warm-up, lazy init) are
+    recorded in the series but left out of the statistics.
+
+    Args:
+        window: steps in the rolling window of :meth:`summary` (``scope="window"``).
+        warmup: steps left out of the statistics.
+        series_cap: most records kept for the time series; past it every other record
+            is dropped (the series keeps its shape at half the resolution).
+    """
+
+    def __init__(self, window: int = 100, warmup: int = 1, series_cap: int = 10_000) -> None:
+        if window < 1 or warmup < 0 or series_cap < 2:
+            raise ValueError(f"bad meter sizes: window={window} warmup={warmup} cap={series_cap}")
+        self.window = window
+        self.warmup = warmup
+        self.series_cap = series_cap
+        self.steps_seen = 0  #: all steps, warm-up included
+        self.series: list[StepRecord] = []  #: measured steps, warm-up included (capped)
+        self.last: StepRecord | None = None
+        self.last_segments: list[Segment] = []
+        #: What the data source said about the latest batch (epoch, batch, batches, workers).
+        self.data_info: dict[str, Any] = {}
+        self._recent: deque[StepRecord] = deque()
+        self._sums = dict.fromkeys((*PHASES, "step", "exchange", "bytes", "samples"), 0.0)
+        self._samples_known = 0
+        self._stride = 1  # series keeps one record in every ``_stride`` once capped
+        self._uses_step_end = False
+        self._last_end: float | None = None
+        self._pending: list[Segment] = []
+        self._exchanges: list[tuple[float, float]] = []
+        self._bytes = 0
+        self._buckets = 0
+        self._tensors = 0
+        self._samples: int | None = None
+        self._h2d_overlapped = 0.0
+        self._loader_step_open = False
+
+    # -- feeding ------------------------------------------------------------------------
+
+    def feed(self, kind: str, t_start: float, t_end: float,
+             info: Mapping[str, Any]) -> StepRecord | None:
+        """Take one event; returns the finished step when ``kind`` ends one."""
+        if kind == "step_end":
+            self._uses_step_end = True
+            return self._finish(t_end)
+        if kind == "data_wait":
+            record = None
+            if not self._uses_step_end:
+                # No optimizer step events (yet): a batch request starts the next step.
+                if self._loader_step_open:
+                    record = self._finish(t_start)
+                self._loader_step_open = True
+            self._add(kind, t_start, t_end)
+            samples = info.get("samples")
+            if isinstance(samples, int):
+                self._samples = (self._samples or 0) + samples
+            if info:
+                self.data_info.update(info)
+            return record
+        if kind == "exchange":
+            self._exchanges.append((t_start, t_end))
+            self._bytes += int(info.get("bytes", 0))
+            self._buckets += 1
+            self._tensors += len(info.get("tensors", ()))
+        elif kind == "h2d_copy" and info.get("overlapped"):
+            self._h2d_overlapped += t_end - t_start
+        elif kind in _RANK:
+            self._add(kind, t_start, t_end)
+        return None
+
+    def _add(self, kind: str, t_start: float, t_end: float) -> None:
+        if len(self._pending) >= _MAX_PENDING:
+            del self._pending[: _MAX_PENDING // 2]
+        self._pending.append((kind, t_start, t_end))
+
+    def _finish(self, end: float) -> StepRecord | None:
+        start = self._last_end
+        if start is None:
+            # The first step has no previous end: it starts at its first event.
+            firsts = [a for _, a, _ in self._pending] + [a for a, _ in self._exchanges]
+            start = min(firsts, default=end)
+        start = min(start, end)
+        totals, segments = split_step(start, end, self._pending)
+        record = StepRecord(
+            index=self.steps_seen, start=start, end=end,
+            data_wait=totals["data_wait"], h2d_copy=totals["h2d_copy"],
+            compute=totals["compute"], exchange_wait=totals["exchange_wait"],
+            update=totals["update"],
+            exchange=_union_length(self._exchanges, start, end),
+            exchange_bytes=self._bytes, buckets=self._buckets, tensors=self._tensors,
+            samples=self._samples,
+            h2d_overlapped=self._h2d_overlapped,
+        )
+        self._pending.clear()
+        self._exchanges.clear()
+        self._bytes = self._buckets = self._tensors = 0
+        self._samples = None
+        self._h2d_overlapped = 0.0
+        self._last_end = end
+        self.steps_seen += 1
+        self.last, self.last_segments = record, segments
+        self._keep(record)
+        if record.index >= self.warmup:
+            self._roll(record)
+        return record
+
+    def _keep(self, record: StepRecord) -> None:
+        if record.index % self._stride:
+            return
+        self.series.append(record)
+        if len(self.series) >= self.series_cap:
+            self.series = self.series[::2]
+            self._stride *= 2
+
+    def _roll(self, record: StepRecord) -> None:
+        self._recent.append(record)
+        self._account(record, +1)
+        if len(self._recent) > self.window:
+            self._account(self._recent.popleft(), -1)
+
+    def _account(self, r: StepRecord, sign: int) -> None:
+        # Running sums keep the window's statistics O(1) per step (the progress bar
+        # reads them every step).
+        s = self._sums
+        s["data_wait"] += sign * r.data_wait
+        s["h2d_copy"] += sign * r.h2d_copy
+        s["compute"] += sign * r.compute
+        s["exchange_wait"] += sign * r.exchange_wait
+        s["update"] += sign * r.update
+        s["step"] += sign * (r.end - r.start)
+        s["exchange"] += sign * r.exchange
+        s["bytes"] += sign * r.exchange_bytes
+        if r.samples is not None:
+            s["samples"] += sign * r.samples
+            self._samples_known += sign
+
+    # -- reading ------------------------------------------------------------------------
+
+    @property
+    def recent(self) -> tuple[StepRecord, ...]:
+        """The steps in the rolling window, oldest first."""
+        return tuple(self._recent)
+
+    @property
+    def measured(self) -> int:
+        """Steps past warm-up."""
+        return max(0, self.steps_seen - self.warmup)
+
+    def shares(self) -> dict[str, float]:
+        """Each phase's share of the step time over the rolling window (sums to 1)."""
+        total = self._sums["step"]
+        if total <= 0:
+            return dict.fromkeys(PHASES, 0.0)
+        return {name: self._sums[name] / total for name in PHASES}
+
+    def samples_per_s(self) -> float | None:
+        """Samples per second over the window, when every step's sample count is known."""
+        n = len(self._recent)
+        if n == 0 or self._samples_known < n or self._sums["step"] <= 0:
+            return None
+        return self._sums["samples"] / self._sums["step"]
+
+    def mean_step(self) -> float:
+        n = len(self._recent)
+        return self._sums["step"] / n if n else 0.0
+
+    def summary(self, scope: str = "window") -> dict[str, Any]:
+        """Plain-data statistics over the rolling window or all measured steps (``"all"``)."""
+        if scope == "window":
+            records: Sequence[StepRecord] = list(self._recent)
+        elif scope == "all":
+            records = [r for r in self.series if r.index >= self.warmup]
+        else:
+            raise ValueError(f"scope must be 'window' or 'all', got {scope!r}")
+        return summarize(records, steps_seen=self.steps_seen, warmup=self.warmup)
+
+
+def summarize(records: Sequence[StepRecord], steps_seen: int = 0, warmup: int = 0) -> dict[str, Any]:
+    """Statistics of ``records`` as plain data (JSON-ready); see docs/observe.md."""
+    n = len(records)
+    steps = [r.step for r in records]
+    total = float(sum(steps))
+    phase_sums = {name: sum(r.phase(name) for r in records) for name in PHASES}
+    busy = [r.busy for r in records]
+    samples = [r.samples for r in records]
+    exchange = sum(r.exchange for r in records)
+    out: dict[str, Any] = {
+        "steps": n,
+        "steps_seen": steps_seen,
+        "warmup": warmup,
+        "time_s": total,
+        "step_s": {
+            "mean": total / n if n else 0.0,
+            "p50": percentile(steps, 50),
+            "p90": percentile(steps, 90),
+            "min": min(steps, default=0.0),
+            "max": max(steps, default=0.0),
+        },
+        "phases_s": {name: (phase_sums[name] / n if n else 0.0) for name in PHASES},
+        "shares": {name: (phase_sums[name] / total if total > 0 else 0.0) for name in PHASES},
+        "device_busy": {
+            "mean": (1.0 - (phase_sums["data_wait"] + phase_sums["h2d_copy"]
+                            + phase_sums["exchange_wait"]) / total) if total > 0 else 0.0,
+            "p10": percentile(busy, 10),
+            "p50": percentile(busy, 50),
+            "p90": percentile(busy, 90),
+            "source": "host",
+        },
+        "samples_per_s": (sum(s for s in samples if s is not None) / total
+                          if n and total > 0 and all(s is not None for s in samples) else None),
+        "steps_per_s": n / total if total > 0 else 0.0,
+        "exchange": {
+            "bytes_per_step": (sum(r.exchange_bytes for r in records) / n) if n else 0.0,
+            "buckets_per_step": (sum(r.buckets for r in records) / n) if n else 0.0,
+            "tensors_per_step": (sum(r.tensors for r in records) / n) if n else 0.0,
+            "in_flight_s": exchange / n if n else 0.0,
+            # How much of the exchange backward hid: 1 - exposed / in flight.
+            "hidden_share": (max(0.0, 1.0 - phase_sums["exchange_wait"] / exchange)
+                             if exchange > 0 else None),
+        },
+        "h2d_overlapped_s": (sum(r.h2d_overlapped for r in records) / n) if n else 0.0,
+    }
+    return out

@@ -1,0 +1,281 @@
+"""The doctor's diagnosis: input-, exchange- or compute-bound, with numbers and advice.
+
+A pure function of the per-rank reports (:meth:`ringtrain.observe.session.Session.report`),
+so every verdict and every piece of advice is unit-tested on hand-made numbers.
+
+How the verdict is reached. In synchronous data parallelism a rank that is late (say,
+starved of data) makes every other rank wait at the gradient exchange, so the mean
+exchange wait overstates the network. The rank that waits *least* at the exchange is
+the last to arrive; its wait is the exchange's own cost. Hence
+
+* data score = the largest data-wait share (wait + blocking copy) of any rank,
+* exchange score = the smallest exchange-wait share of any rank,
+* whichever is larger and at least :data:`BOUND_SHARE` names the bottleneck;
+  below that on both counts the device is busy and the job is compute-bound.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["BOUND_SHARE", "RankView", "Diagnosis", "diagnose", "render", "rank_view"]
+
+#: A blocker that takes this share of the step or more is worth fixing first: the
+#: device idles for it on every step (and 10% is about what scaling studies lose to
+#: communication at 90% efficiency, FIELD-NOTES "Published scaling results").
+BOUND_SHARE = 0.10
+# Share of a step that a blocking host-to-device copy may take before it gets its own advice.
+_COPY_SHARE = 0.05
+# Headroom over the measured demand when sizing a worker pool, so the queue absorbs
+# batches that take longer than average.
+_WORKER_HEADROOM = 1.2
+_MB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class RankView:
+    """The numbers of one rank that the verdict uses."""
+
+    rank: int
+    steps: int
+    step_s: float
+    step_p90_s: float
+    shares: dict[str, float]
+    busy: float
+    busy_p10: float
+    busy_p90: float
+    busy_source: str
+    samples_per_s: float | None
+    bytes_per_step: float
+    buckets_per_step: float
+    tensors_per_step: float
+    hidden_share: float | None
+    workers: int | None
+    source: str | None
+    cpus_per_rank: float
+    cpus: int
+    local_size: int
+    fusion_mb: float
+    gpu: dict[str, Any] | None
+
+    @property
+    def data_share(self) -> float:
+        return self.shares.get("data_wait", 0.0) + self.shares.get("h2d_copy", 0.0)
+
+    @property
+    def exchange_share(self) -> float:
+        return self.shares.get("exchange_wait", 0.0)
+
+
+def rank_view(report: dict[str, Any]) -> RankView:
+    s = report["summary"]
+    cpu = report.get("cpu") or {}
+    loader = report.get("loader") or {}
+    busy = s["device_busy"]
+    workers = loader.get("workers")
+    return RankView(
+        rank=int(report["rank"]), steps=int(s["steps"]), step_s=float(s["step_s"]["mean"]),
+        step_p90_s=float(s["step_s"]["p90"]), shares=dict(s["shares"]),
+        busy=float(busy["mean"]), busy_p10=float(busy.get("p10", 0.0)),
+        busy_p90=float(busy.get("p90", 0.0)), busy_source=str(busy.get("source", "host")),
+        samples_per_s=s.get("samples_per_s"),
+        bytes_per_step=float(s["exchange"]["bytes_per_step"]),
+        buckets_per_step=float(s["exchange"]["buckets_per_step"]),
+        tensors_per_step=float(s["exchange"].get("tensors_per_step", 0.0)),
+        hidden_share=s["exchange"].get("hidden_share"),
+        workers=int(workers) if isinstance(workers, int) else None,
+        source=loader.get("source"),
+        cpus_per_rank=float(cpu.get("per_rank", 1.0)), cpus=int(cpu.get("affinity", 1)),
+        local_size=int(report.get("local_size", 1)),
+        fusion_mb=float((report.get("settings") or {}).get("fusion_mb", 25.0)),
+        gpu=s.get("gpu"),
+    )
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    verdict: str  #: "input-bound" | "exchange-bound" | "compute-bound"
+    headline: str
+    evidence: list[str] = field(default_factory=list)
+    advice: list[str] = field(default_factory=list)
+    ranks: list[RankView] = field(default_factory=list)
+
+
+def _pct(x: float) -> str:
+    return f"{x:.0%}" if x >= 0.1 or x == 0 else f"{x:.1%}"
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.1f} ms"
+
+
+def _input_advice(r: RankView) -> list[str]:
+    advice: list[str] = []
+    data_s = r.step_s * r.data_share
+    busy_s = max(r.step_s - data_s, 1e-9)  # device work the input must keep up with
+    in_process = r.workers in (0, None)
+    # In the training process every moment of loading blocks the loop, so the wait *is*
+    # the load time. With w workers delivering one batch per step each, a batch takes
+    # about w x step to make.
+    load_s = data_s if in_process else (r.workers or 0) * r.step_s
+    needed = max(1, math.ceil(_WORKER_HEADROOM * load_s / busy_s))
+    budget = max(1, int(r.cpus_per_rank))
+    host = (f"this host's CPU budget is {r.cpus_per_rank:g} CPU(s) per rank "
+            f"({r.cpus} CPUs, {r.local_size} rank(s) on the host)")
+    measured = (f"preparing a batch takes ~{_ms(load_s)} against ~{_ms(busy_s)} of device "
+                f"work per step, so about {needed} worker(s) keep up")
+    if in_process:
+        where = ("a plain iterable in the training loop" if r.source == "iterable"
+                 else "the training process (num_workers=0)")
+        advice.append(
+            f"loading runs in {where}: {measured}. Use rt.data.Loader(dataset, "
+            f"num_workers={min(needed, budget)}, device=rt.device()) ({host}).")
+    elif needed > r.workers:  # type: ignore[operator]
+        if min(needed, budget) > r.workers:  # type: ignore[operator]
+            advice.append(f"raise num_workers from {r.workers} to {min(needed, budget)}: "
+                          f"{measured} ({host}).")
+        else:
+            advice.append(f"{r.workers} workers already use the CPU budget: {measured} "
+                          f"({host}); more workers would only share the same cores.")
+    if needed > budget:
+        advice.append(
+            f"~{needed} workers would be needed but the budget allows {budget}: make each "
+            "sample cheaper (decode/resize once and store the result, e.g. with "
+            "rt.data.RecordWriter; lighter augmentation), or give each rank more CPUs "
+            "(fewer ranks per host).")
+    copy = r.shares.get("h2d_copy", 0.0)
+    if copy >= _COPY_SHARE:
+        advice.append(
+            f"copies to the device block the loop {_pct(copy)} of the step: let "
+            "rt.data.Loader(device=rt.device()) copy page-locked batches on a side stream, "
+            "ahead of the loop.")
+    return advice
+
+
+def _exchange_advice(r: RankView, worst_wait_rank: RankView) -> list[str]:
+    advice: list[str] = []
+    mb = r.bytes_per_step / _MB
+    exposed = r.step_s * r.exchange_share
+    advice.append(
+        f"compression=rt.Compression.fp16 in DistributedOptimizer halves the {mb:.1f} MB sent "
+        f"per step; a bandwidth-bound exchange then waits ~{_ms(exposed / 2)} instead of "
+        f"{_ms(exposed)}.")
+    buckets = r.buckets_per_step
+    if buckets >= 4:
+        advice.append(
+            f"{buckets:.0f} fusion buckets per step of ~{mb / buckets:.1f} MB each pay a "
+            f"fixed latency each: raise fusion_mb from {r.fusion_mb:g} to {2 * r.fusion_mb:g} "
+            "(ringrun --fusion-mb / RINGTRAIN_FUSION_MB) for fewer, larger exchanges.")
+    elif buckets <= 1 and r.tensors_per_step > 1 and (r.hidden_share or 0.0) < 0.3 and mb > 1:
+        advice.append(
+            f"all {mb:.1f} MB go in one bucket, which can only start when backward has "
+            f"finished ({_pct(r.hidden_share or 0.0)} of the exchange hidden): lower "
+            f"fusion_mb to {max(1.0, r.fusion_mb / 4):g} so early buckets overlap backward.")
+    rest = r.step_s - exposed
+    if rest > 0:
+        doubled = exposed / (exposed + 2 * rest)
+        advice.append(
+            f"the exchange costs ~{_ms(exposed)} per step whatever the batch: doubling the "
+            f"per-rank batch (with rt.scale_lr) would cut its share from "
+            f"{_pct(r.exchange_share)} to ~{_pct(doubled)}.")
+    if worst_wait_rank.rank != r.rank and worst_wait_rank.exchange_share > 2 * r.exchange_share:
+        advice.append(
+            f"rank {worst_wait_rank.rank} waits {_pct(worst_wait_rank.exchange_share)} at the "
+            f"exchange against {_pct(r.exchange_share)} on rank {r.rank}: part of that is "
+            f"waiting for rank {r.rank}, the slowest rank.")
+    return advice
+
+
+def _compute_advice(r: RankView) -> list[str]:
+    advice = [
+        f"the device is busy {_pct(r.busy)} of the step: input and exchange are hidden. "
+        "Faster steps now come from less device work per sample: mixed precision "
+        "(torch.autocast), a larger per-device batch if memory allows, torch.compile.",
+        "adding ranks should scale nearly linearly while the exchange wait stays under "
+        f"{_pct(BOUND_SHARE)}; re-run the doctor with -np N to check.",
+    ]
+    gpu = r.gpu
+    if gpu and gpu.get("mem_total"):
+        used, total = gpu["mem_used_max"], gpu["mem_total"]
+        advice.append(f"GPU memory: {used / 2**30:.1f} of {total / 2**30:.1f} GiB used at most"
+                      + (": room for a larger batch." if used < 0.7 * total else "."))
+    return advice
+
+
+def diagnose(reports: list[dict[str, Any]]) -> Diagnosis:
+    """The verdict for a job from its ranks' reports (each must have measured steps)."""
+    ranks = sorted((rank_view(r) for r in reports), key=lambda v: v.rank)
+    if not ranks:
+        raise ValueError("no reports to diagnose")
+    starved = max(ranks, key=lambda v: v.data_share)
+    last_to_arrive = min(ranks, key=lambda v: v.exchange_share)
+    most_waiting = max(ranks, key=lambda v: v.exchange_share)
+    data_score, exchange_score = starved.data_share, last_to_arrive.exchange_share
+    n = len(ranks)
+    mean = lambda f: sum(f(v) for v in ranks) / n  # noqa: E731
+
+    evidence = [
+        f"step time {_ms(mean(lambda v: v.step_s))} (p90 {_ms(mean(lambda v: v.step_p90_s))})"
+        + (f", {sum(v.samples_per_s for v in ranks if v.samples_per_s):,.0f} samples/s"
+           if all(v.samples_per_s for v in ranks) else ""),
+        "where it goes: " + " | ".join(
+            f"{name.replace('_', ' ')} {_pct(mean(lambda v, k=name: v.shares.get(k, 0.0)))}"
+            for name in ("data_wait", "h2d_copy", "compute", "exchange_wait", "update")),
+        f"device busy {_pct(mean(lambda v: v.busy))} (p10 {_pct(mean(lambda v: v.busy_p10))}, "
+        f"p90 {_pct(mean(lambda v: v.busy_p90))}; "
+        + ("NVML" if ranks[0].busy_source == "nvml" else "host estimate: not waiting for data "
+           "or exchange") + ")",
+    ]
+    first = ranks[0]
+    if first.source is not None:
+        loads = ("in the training loop (a plain iterable)" if first.source == "iterable"
+                 else f"{first.source}, " + ("loading in the training process"
+                                             if first.workers == 0 else
+                                             f"{first.workers} worker process(es)"
+                                             if first.workers else "workers unknown"))
+        evidence.append(f"input: {loads}; CPU budget {first.cpus_per_rank:g} per rank")
+    if ranks[0].bytes_per_step:
+        hidden = ranks[0].hidden_share
+        evidence.append(
+            f"exchange: {ranks[0].bytes_per_step / _MB:.2f} MB per step in "
+            f"{ranks[0].buckets_per_step:.0f} bucket(s)"
+            + (f", {_pct(hidden)} hidden behind backward" if hidden is not None else ""))
+
+    if max(data_score, exchange_score) < BOUND_SHARE:
+        best = min(ranks, key=lambda v: v.busy)
+        return Diagnosis(
+            "compute-bound",
+            f"COMPUTE-BOUND: data wait ({_pct(data_score)}) and exchange wait "
+            f"({_pct(exchange_score)}) are both under {_pct(BOUND_SHARE)} of the step.",
+            evidence, _compute_advice(best), ranks)
+    if data_score >= exchange_score:
+        who = f" on rank {starved.rank}" if n > 1 else ""
+        return Diagnosis(
+            "input-bound",
+            f"INPUT-BOUND: the training loop waits for data {_pct(data_score)} of each "
+            f"step{who}; the device idles meanwhile.",
+            evidence, _input_advice(starved), ranks)
+    return Diagnosis(
+        "exchange-bound",
+        f"EXCHANGE-BOUND: {_pct(exchange_score)} of each step waits for the gradient "
+        "exchange (the part backward does not hide)"
+        + (f", even on rank {last_to_arrive.rank}, the last to arrive" if n > 1 else "") + ".",
+        evidence, _exchange_advice(last_to_arrive, most_waiting), ranks)
+
+
+def render(d: Diagnosis) -> str:
+    """The diagnosis as text (the doctor prints it)."""
+    lines = [f"verdict: {d.headline}", ""]
+    lines += [f"  {e}" for e in d.evidence]
+    if len(d.ranks) > 1:
+        lines.append("")
+        lines.append("  rank   step      data wait  exchange wait  device busy")
+        for v in d.ranks:
+            lines.append(f"  {v.rank:<5}  {_ms(v.step_s):<9} {_pct(v.data_share):>9}  "
+                         f"{_pct(v.exchange_share):>13}  {_pct(v.busy):>11}")
+    lines.append("")
+    lines.append("advice:")
+    lines += [f"  - {a}" for a in d.advice]
+    return "\n".join(lines)

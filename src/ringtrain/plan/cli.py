@@ -1,0 +1,291 @@
+"""``ringtrain plan``: predict throughput and scaling efficiency for N GPUs.
+
+Examples::
+
+    ringtrain plan --model resnet50 --gpus 8,16,...,512 --gpus-per-host 4 --network 25gbit
+    ringtrain plan --model vgg16 --strategy ring,hierarchical,ps --network 100gbit --plot vgg.png
+    ringtrain plan --model custom --params 300M --step-ms 370 --gpus 8,40 --gpus-per-host 8
+    ringtrain plan --model custom --module torchvision.models:resnet18 --input-shape 3,224,224 --step-ms 60
+    ringtrain plan --validate        # the published results and the planner's predictions
+    ringtrain plan --calibrate       # fit alpha and B of loopback Gloo, check a real step
+
+Only :func:`main` prints and turns errors into exit codes; everything it calls is
+pure or raises :class:`ringtrain.errors.ConfigError`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import re
+import sys
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, NoReturn
+
+from ringtrain.errors import ConfigError, RingtrainError
+from ringtrain.plan.cost import STRATEGIES, check_strategy
+from ringtrain.plan.layers import Layer, from_module, from_param_count
+from ringtrain.plan.models import MODELS, canonical_model, model_layers, step_time
+from ringtrain.plan.network import INTRA_LINKS, LINKS, Topology, intra_link, link
+from ringtrain.plan.report import format_header, format_scaling, scaling_json
+from ringtrain.plan.simulate import DEFAULT_JITTER_CV, FRAMEWORKS, Scenario, StepBreakdown, scaling
+
+__all__ = ["main", "parse_gpus", "parse_count", "build_parser", "build_scenario"]
+
+_DEFAULT_GPUS = "1,2,4,8,16,...,512"
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a bad flag is a ConfigError (one line) instead of usage + exit."""
+
+    def error(self, message: str) -> NoReturn:
+        raise ConfigError(f"{message}; see 'ringtrain plan --help'")
+
+
+def parse_gpus(text: str) -> list[int]:
+    """``"8,16,32"`` or ``"8,16,...,512"`` (doubling, or a constant step) to a list of counts."""
+    parts = [p.strip() for p in text.split(",") if p.strip()]
+    hint = "give GPU counts like --gpus 8,16,32 or --gpus 8,16,...,512"
+    if not parts:
+        raise ConfigError(f"--gpus is empty; {hint}")
+    out: list[int] = []
+    i = 0
+    while i < len(parts):
+        if parts[i] in ("...", ".."):
+            if len(out) < 2 or i + 1 >= len(parts):
+                raise ConfigError(f"--gpus {text!r}: '...' needs two counts before it and one after; {hint}")
+            a, b = out[-2], out[-1]
+            end = _positive_int(parts[i + 1], text, hint)
+            if b > a and b % a == 0:
+                nxt = b * (b // a)
+                while nxt < end:
+                    out.append(nxt)
+                    nxt *= b // a
+            elif b > a:
+                nxt = b + (b - a)
+                while nxt < end:
+                    out.append(nxt)
+                    nxt += b - a
+            else:
+                raise ConfigError(f"--gpus {text!r}: counts before '...' must increase; {hint}")
+            out.append(end)
+            i += 2
+            continue
+        out.append(_positive_int(parts[i], text, hint))
+        i += 1
+    if sorted(set(out)) != out:
+        raise ConfigError(f"--gpus {text!r}: counts must increase without repeats; {hint}")
+    return out
+
+
+def _positive_int(part: str, text: str, hint: str) -> int:
+    try:
+        value = int(part)
+    except ValueError:
+        raise ConfigError(f"--gpus {text!r}: {part!r} is not a whole number; {hint}") from None
+    if value < 1:
+        raise ConfigError(f"--gpus {text!r}: {value} is not a positive count; {hint}")
+    return value
+
+
+def parse_count(text: str) -> int:
+    """``"25557032"``, ``"25.6e6"``, ``"300M"``, ``"1.5B"`` to an integer."""
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([kKmMbBgG]?)\s*", text)
+    if not m:
+        raise ConfigError(f"--params {text!r} is not a count; write e.g. --params 25e6 or --params 300M")
+    scale = {"": 1, "k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9}[m.group(2).lower()]
+    value = int(round(float(m.group(1)) * scale))
+    if value < 1:
+        raise ConfigError(f"--params must be at least 1, got {text!r}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(
+        prog="ringtrain plan",
+        description="Predict data-parallel throughput, scaling efficiency and step breakdown.",
+        epilog=f"networks: {', '.join(LINKS)} (or a number of Gbit/s); intra-host: {', '.join(INTRA_LINKS)}",
+    )
+    p.add_argument("--model", default="resnet50", help=f"{', '.join(MODELS)} or custom (default resnet50)")
+    p.add_argument("--params", help="custom: parameter count, e.g. 300M")
+    p.add_argument("--module", help="custom: 'package.module:factory' returning a torch.nn.Module")
+    p.add_argument("--input-shape", help="with --module: one sample's shape, e.g. 3,224,224, to count MACs")
+    p.add_argument("--step-ms", type=float, help="measured single-GPU step time (overrides the catalogue)")
+    p.add_argument("--gpu", default="p100", help="GPU of the catalogue speeds: p100 or v100 (default p100)")
+    p.add_argument("--batch", type=int, default=64, help="samples per GPU per step (default 64)")
+    p.add_argument("--gpus", default=_DEFAULT_GPUS, help=f"GPU counts (default {_DEFAULT_GPUS})")
+    p.add_argument("--gpus-per-host", type=int, default=4, help="GPUs in one host (default 4)")
+    p.add_argument("--network", default="25gbit", help="link between hosts (default 25gbit, TCP)")
+    p.add_argument("--intra", default="pcie3", help="link inside a host (default pcie3)")
+    p.add_argument("--strategy", default="ring",
+                   help=f"comma list of {', '.join(STRATEGIES)}, or all (default ring)")
+    p.add_argument("--framework", default="horovod", help=f"{', '.join(FRAMEWORKS)} (default horovod)")
+    p.add_argument("--bucket-mb", type=float, help="bucket / fusion size in MB (default: the framework's)")
+    p.add_argument("--compression", default="none", choices=("none", "fp16"), help="gradient wire format")
+    p.add_argument("--ps-shards", type=int, help="parameter servers (default: one per host)")
+    p.add_argument("--ps-per-host", action="store_true",
+                   help="ps: one worker per host sums its GPUs' gradients before pushing")
+    p.add_argument("--inter", default="ring", choices=("ring", "hd"), help="hierarchical: across-host algorithm")
+    p.add_argument("--jitter", type=float, default=DEFAULT_JITTER_CV,
+                   help=f"straggler spread of one GPU's step time (default {DEFAULT_JITTER_CV})")
+    p.add_argument("--baseline-gpus", type=int, default=1, help="efficiency relative to this many GPUs")
+    p.add_argument("--plot", help="write a PNG of efficiency vs GPUs per strategy to this path")
+    p.add_argument("--json", help="also write the predictions as JSON to this path")
+    p.add_argument("--validate", action="store_true", help="print published results vs predictions")
+    p.add_argument("--calibrate", action="store_true",
+                   help="fit alpha and B of loopback Gloo and check a real 2- and 4-process step")
+    return p
+
+
+def _module_layers(spec: str, input_shape: str | None) -> list[Layer]:
+    if ":" not in spec:
+        raise ConfigError(f"--module {spec!r}: write it as 'package.module:factory'")
+    mod_name, attr = spec.split(":", 1)
+    try:
+        factory = getattr(importlib.import_module(mod_name), attr)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigError(f"--module {spec!r}: cannot import it ({exc}); check the name and PYTHONPATH") from None
+    import torch
+
+    try:
+        module = factory if isinstance(factory, torch.nn.Module) else factory()
+    except Exception as exc:  # the user's factory: report it in one line
+        raise ConfigError(f"--module {spec!r}: calling it failed ({exc}); give a factory that needs no arguments") from None
+    if not isinstance(module, torch.nn.Module):
+        raise ConfigError(f"--module {spec!r} did not give a torch.nn.Module")
+    example = None
+    if input_shape:
+        try:
+            shape = [int(x) for x in input_shape.split(",")]
+        except ValueError:
+            raise ConfigError(f"--input-shape {input_shape!r}: write whole numbers, e.g. 3,224,224") from None
+        example = torch.randn(1, *shape)
+    return from_module(module, example)
+
+
+def build_scenario(args: argparse.Namespace) -> tuple[Scenario, str, str]:
+    """The scenario the flags describe, its model's name, and where its step time came from."""
+    if args.model.strip().lower() == "custom":
+        if args.module:
+            layers = _module_layers(args.module, args.input_shape)
+            name = args.module
+        elif args.params:
+            layers = from_param_count(parse_count(args.params))
+            name = f"custom ({args.params} parameters)"
+        else:
+            raise ConfigError("--model custom needs --params N or --module package.module:factory")
+        if args.step_ms is None:
+            raise ConfigError("--model custom needs --step-ms: the measured single-GPU step time in ms")
+    else:
+        name = canonical_model(args.model)
+        layers = model_layers(name)
+    if args.step_ms is not None:
+        if args.step_ms <= 0:
+            raise ConfigError(f"--step-ms must be > 0, got {args.step_ms}")
+        compute, source = args.step_ms / 1e3, "given with --step-ms"
+    else:
+        compute, source = step_time(args.gpu, name, args.batch)
+    if args.framework not in FRAMEWORKS:
+        raise ConfigError(f"unknown framework {args.framework!r}; choose one of: {', '.join(FRAMEWORKS)}")
+    framework = FRAMEWORKS[args.framework]
+    if args.bucket_mb is not None:
+        if args.bucket_mb < 0:
+            raise ConfigError(f"--bucket-mb must be >= 0, got {args.bucket_mb}")
+        framework = replace(framework, bucket_bytes=args.bucket_mb * 2**20)
+    topo = Topology(args.gpus_per_host, intra_link(args.intra), link(args.network))
+    sc = Scenario(
+        tuple(layers), compute, topo, "ring", framework,
+        wire_bytes=2 if args.compression == "fp16" else 4, ps_shards=args.ps_shards,
+        ps_per_host=args.ps_per_host,
+        inter=args.inter, jitter_cv=args.jitter, batch=args.batch,
+    )
+    return sc, name, source
+
+
+def _strategies(text: str) -> list[str]:
+    if text.strip().lower() == "all":
+        return [s for s in STRATEGIES if s != "tree"]
+    names = [s.strip() for s in text.split(",") if s.strip()]
+    if not names:
+        raise ConfigError(f"--strategy is empty; choose from: {', '.join(STRATEGIES)}, all")
+    for s in names:
+        check_strategy(s)
+    return names
+
+
+def _plan(args: argparse.Namespace) -> str:
+    sc, name, source = build_scenario(args)
+    counts = parse_gpus(args.gpus)
+    if args.baseline_gpus < 1:
+        raise ConfigError(f"--baseline-gpus must be >= 1, got {args.baseline_gpus}")
+    results: dict[str, list[StepBreakdown]] = {}
+    for strategy in _strategies(args.strategy):
+        results[strategy] = scaling(replace(sc, strategy=strategy), counts, args.baseline_gpus)
+    text = [format_header(sc, name, source)]
+    text += [format_scaling(s, rows, replace(sc, strategy=s)) for s, rows in results.items()]
+    if args.plot:
+        from ringtrain.plan.plot import plot_efficiency
+
+        path = plot_efficiency(results, args.plot, f"{name} on {sc.topology.inter.name}")
+        text.append(f"wrote {path}")
+    if args.json:
+        _write_json(args.json, scaling_json(results, sc))
+        text.append(f"wrote {args.json}")
+    return "\n\n".join(text)
+
+
+def _write_json(path: str, data: Any) -> None:
+    target = Path(path)
+    if not target.parent.exists():
+        raise ConfigError(f"--json: folder {str(target.parent)!r} does not exist; create it or choose another path")
+    target.write_text(json.dumps(data, indent=2) + "\n")
+
+
+def _validate() -> str:
+    from ringtrain.plan.validation import TOLERANCE_PP, format_table, run
+
+    rows = run()
+    held = sum(r.holds for r in rows if r.case.role == "validation")
+    total = sum(r.case.role == "validation" for r in rows)
+    lines = [format_table(rows), "", f"{held} of {total} predictions within {TOLERANCE_PP:g} points."]
+    for r in rows:
+        if r.case.known_gap:
+            lines.append(f"- {r.case.key}: {r.case.known_gap}")
+    return "\n".join(lines)
+
+
+def _calibrate(args: argparse.Namespace) -> str:
+    from ringtrain.plan.calibrate import format_calibration, run_calibration
+
+    cal = run_calibration()
+    if args.json:
+        _write_json(args.json, cal.to_json())
+    return format_calibration(cal)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``ringtrain plan``; returns the exit code."""
+    try:
+        args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
+        if args.validate:
+            out = _validate()
+        elif args.calibrate:
+            out = _calibrate(args)
+        else:
+            out = _plan(args)
+    except SystemExit as exc:  # --help
+        return int(exc.code or 0)
+    except ConfigError as exc:
+        print(f"ringtrain plan: error: {exc}", file=sys.stderr)
+        return 2
+    except RingtrainError as exc:
+        print(f"ringtrain plan: {exc}", file=sys.stderr)
+        return 1
+    print(out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

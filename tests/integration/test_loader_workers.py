@@ -1,0 +1,240 @@
+"""rt.data.Loader with real worker processes: correctness of what arrives."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from ringtrain.data import Loader, get_worker_info
+
+
+class Indexed:
+    """Sample i is (x[i], i), so every batch says which samples it holds."""
+
+    def __init__(self, n: int, dim: int = 8) -> None:
+        self.x = np.random.default_rng(0).standard_normal((n, dim)).astype(np.float32)
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, i: int) -> tuple[np.ndarray, int]:
+        return self.x[i], i
+
+
+class Augmented(Indexed):
+    """Uses the global RNGs like a typical augmentation pipeline."""
+
+    def __getitem__(self, i: int) -> tuple[np.ndarray, int]:
+        return self.x[i] + np.random.rand() + torch.rand(1).item(), i
+
+
+class Mixed:
+    def __len__(self) -> int:
+        return 50
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        return {"img": torch.full((2, 3), float(i)), "meta": (f"id{i}", i * 0.5),
+                "worker": get_worker_info().id if get_worker_info() else -1}
+
+
+class Batched(Indexed):
+    def __getitems__(self, indices: list[int]) -> list[tuple[np.ndarray, int]]:
+        return [(self.x[i], -1 - i) for i in indices]
+
+
+def _loader(ds: Any, **kw: Any) -> Loader:
+    kw.setdefault("batch_size", 32)
+    kw.setdefault("num_workers", 2)
+    kw.setdefault("device", "cpu")
+    return Loader(ds, **kw)
+
+
+def _take(loader: Loader, limit: int | None = None) -> list[Any]:
+    it = iter(loader)
+    out = []
+    while limit is None or len(out) < limit:
+        try:
+            out.append(next(it))
+        except StopIteration:
+            break
+    return out
+
+
+@pytest.mark.timeout(60)
+def test_workers_deliver_what_in_process_loading_does() -> None:
+    ds = Indexed(5000)
+    with _loader(ds, num_workers=0) as here, _loader(ds) as there:
+        for _ in range(2):  # two epochs: persistent workers, reused slots
+            a, b = _take(here), _take(there)
+            assert len(a) == len(b) == len(here)
+            for (xa, ia), (xb, ib) in zip(a, b):
+                assert torch.equal(ia, ib) and torch.equal(xa, xb)
+                assert torch.equal(xb, torch.from_numpy(ds.x[ib.numpy()]))
+            del a, b
+        assert there.fallback_batches <= 2  # only the batches that sized the slots
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("zero_copy,dim", [(True, 64), (False, 64), (True, 8192)])
+def test_batches_kept_by_the_loop_are_never_overwritten(zero_copy: bool, dim: int) -> None:
+    # dim 8192 (32 KiB samples) takes the streaming collate path
+    ds = Indexed(6000 if dim == 64 else 1500, dim=dim)
+    with _loader(ds, batch_size=50, keep=3, zero_copy=zero_copy) as loader:
+        for _ in range(2):
+            kept = _take(loader)  # hold every batch of the epoch
+            for x, i in kept:
+                assert torch.equal(x, torch.from_numpy(ds.x[i.numpy()]))
+            assert sorted(torch.cat([i for _, i in kept]).tolist()) == list(range(len(ds)))
+            assert loader.copied_batches > 0  # beyond `keep`, batches were copied out
+            del kept
+        # a loop that holds one batch at a time gets zero-copy batches again
+        before = loader.copied_batches
+        for x, i in loader:
+            assert torch.equal(x, torch.from_numpy(ds.x[i.numpy()]))
+        assert (loader.copied_batches == before) == zero_copy
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_ranks_get_disjoint_covering_shards_of_equal_length(drop_last: bool) -> None:
+    ds, world = Indexed(1001), 3
+    per_rank = []
+    for r in range(world):
+        with _loader(ds, num_workers=1, rank=r, world_size=world, drop_last=drop_last,
+                     seed=11) as loader:
+            per_rank.append([i for _, i in _take(loader)])
+    assert len({len(batches) for batches in per_rank}) == 1
+    flat = torch.cat([torch.cat(b) for b in per_rank]).tolist()
+    if drop_last:
+        assert len(set(flat)) == len(flat) > 1001 - world * 32
+    else:
+        assert set(flat) == set(range(1001)) and len(flat) - 1001 < world
+
+
+@pytest.mark.timeout(60)
+def test_resume_mid_epoch_and_across_epochs_with_workers() -> None:
+    ds = Indexed(3000)
+    with _loader(ds) as ref:
+        expected = [i.tolist() for _, i in _take(ref) + _take(ref)]
+    with _loader(ds) as run:
+        got = [i.tolist() for _, i in _take(run, limit=40)]
+        state = run.state_dict()
+    with _loader(ds) as resumed:
+        resumed.load_state_dict(state)
+        got += [i.tolist() for _, i in _take(resumed)]  # rest of epoch 0 ...
+        assert resumed.epoch == 1
+        got += [i.tolist() for _, i in _take(resumed)]  # ... and all of epoch 1
+    assert got == expected
+
+
+@pytest.mark.timeout(60)
+def test_augmentation_rng_does_not_depend_on_the_worker() -> None:
+    ds = Augmented(2000)
+    with _loader(ds, num_workers=1) as one, _loader(ds, num_workers=2) as two:
+        for (xa, ia), (xb, ib) in zip(_take(one), _take(two)):
+            assert torch.equal(ia, ib) and torch.equal(xa, xb)
+
+
+@pytest.mark.timeout(60)
+def test_variable_shapes_grow_the_slots() -> None:
+    class Ragged:
+        def __len__(self) -> int:
+            return 400
+
+        def __getitem__(self, i: int) -> torch.Tensor:
+            return torch.full((i + 1,), float(i))
+
+    def pad(samples: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        n = max(len(s) for s in samples)
+        out = torch.zeros(len(samples), n)
+        for row, s in zip(out, samples):
+            row[: len(s)] = s
+        return out, torch.tensor([len(s) for s in samples])
+
+    with _loader(Ragged(), batch_size=16, collate_fn=pad, shuffle=False) as loader:
+        for _ in range(2):
+            batches = _take(loader)
+            for k, (x, lengths) in enumerate(batches):
+                assert x.shape == (16, 16 * k + 16)  # every batch longer than the last
+                assert lengths.tolist() == list(range(16 * k + 1, 16 * k + 17))
+                assert torch.equal(x[:, 0], lengths.float() - 1)
+        assert loader.fallback_batches >= 2  # some did not fit and made the slots grow
+        assert loader.fallback_batches < 25  # ... geometrically, not batch after batch
+
+
+@pytest.mark.timeout(60)
+def test_dict_tuple_and_string_samples() -> None:
+    with _loader(Mixed(), batch_size=8, shuffle=False) as loader:
+        batches = _take(loader)
+    first = batches[0]
+    assert first["img"].shape == (8, 2, 3) and first["img"][3, 0, 0] == 3
+    names, halves = first["meta"]
+    assert names == [f"id{i}" for i in range(8)] and halves.dtype == torch.float64
+    assert set(torch.cat([b["worker"] for b in batches]).tolist()) <= {0, 1}
+
+
+@pytest.mark.timeout(60)
+def test_getitems_runs_in_the_workers() -> None:
+    with _loader(Batched(500), batch_size=50) as loader:
+        labels = torch.cat([i for _, i in _take(loader)])
+    assert sorted((-1 - labels).tolist()) == list(range(500))
+
+
+@pytest.mark.timeout(60)
+def test_spawn_start_method() -> None:
+    ds = Indexed(300)
+    with _loader(ds, start_method="spawn", batch_size=64) as loader:
+        got = torch.cat([i for _, i in _take(loader)])
+    assert sorted(got.tolist()) == list(range(300))
+
+
+@pytest.mark.timeout(60)
+def test_auto_workers_adapt_to_a_slow_dataset(caplog: pytest.LogCaptureFixture) -> None:
+    class Slow(Indexed):  # I/O-like: sleeps, so more workers than cores help
+        def __getitems__(self, indices: list[int]) -> list[tuple[np.ndarray, int]]:
+            time.sleep(0.01)
+            return [(self.x[i], i) for i in indices]
+
+    with caplog.at_level(logging.INFO, logger="ringtrain.data"):
+        with _loader(Slow(8000), batch_size=4, num_workers="auto", max_workers=6) as loader:
+            start = loader.num_workers
+            deadline = time.monotonic() + 20
+            while loader.num_workers <= start and time.monotonic() < deadline:
+                for _ in loader:
+                    if loader.num_workers > start:
+                        break
+    assert loader.num_workers > start
+    assert any("num_workers=auto -> " in r.getMessage() and "waited" in r.getMessage()
+               for r in caplog.records)
+
+
+@pytest.mark.timeout(60)
+def test_timing_hooks_with_workers() -> None:
+    with _loader(Indexed(2000)) as loader:
+        waits = []
+        for _ in loader:
+            waits.append(loader.last_wait_s)
+        assert len(waits) == len(loader) and min(waits) >= 0
+        assert loader.total_wait_s == pytest.approx(sum(waits))
+
+
+@pytest.mark.timeout(60)
+def test_breaking_out_of_epochs_leaks_no_slots() -> None:
+    ds = Indexed(4000)
+    with _loader(ds, batch_size=40) as loader:
+        for _ in range(15):  # abandon with batches in flight, again and again
+            for k, _ in enumerate(loader):
+                if k == 3:
+                    break
+        loader.set_epoch(7)
+        batches = _take(loader)
+        assert sorted(torch.cat([i for _, i in batches]).tolist()) == list(range(4000))
+        for x, i in batches:
+            assert torch.equal(x, torch.from_numpy(ds.x[i.numpy()]))
+        slots = loader._feed.slots
+        assert slots is not None and len(slots.slots) <= slots.max_slots

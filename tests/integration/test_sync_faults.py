@@ -1,0 +1,97 @@
+"""Every fault ends in the stated error within the stall timeout, never in a hang.
+
+A rank that skips a step, exits early, raises, or just does not come is a StallError on
+the waiting ranks naming it and the tensor being exchanged. (Mismatches of shape, dtype
+and settings are checked in test_sync_strategies.py, in the world shared there.)
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+from ringtest import run_world
+from test_sync_strategies import STALL, caught, optimizer
+
+ENV = {"RINGTRAIN_STALL_TIMEOUT": str(STALL)}
+
+
+def _faulty(strategy: str, fault: str, bad: int, steps: int = 4):
+    import ringtrain as rt
+
+    r = rt.rank()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
+    opt = optimizer(model, strategy=strategy, fusion_mb=0.0001)  # two buckets
+    # Ranks finish importing at different times on a loaded machine; start together so
+    # only the injected fault can exceed the short stall timeout.
+    rt.barrier()
+
+    def train() -> None:
+        for step in range(steps):
+            if r == bad and step == 2:
+                if fault == "skip":
+                    continue
+                if fault == "exit":
+                    raise SystemExit(0)  # leaves fn; the harness shuts down and exits
+                if fault == "raise":
+                    raise RuntimeError("user code failed on this rank")
+                if fault == "late":
+                    time.sleep(STALL + 2)
+            opt.zero_grad()
+            model(torch.randn(2, 4)).sum().backward()
+            opt.step()
+
+    return caught(train)
+
+
+def _check_stall(result: object, bad: int, rank: int) -> str:
+    assert isinstance(result, tuple), f"rank {rank}: {result}"
+    kind, msg, seconds = result
+    assert kind == "StallError", f"rank {rank}: {kind}: {msg}"
+    assert "bucket" in msg, msg  # the tensor being exchanged
+    assert f"rank {bad}" in msg, msg
+    assert seconds < STALL + 3, f"rank {rank} took {seconds:.1f} s"
+    return msg
+
+
+@pytest.mark.timeout(60)
+def test_rank_that_skips_a_step_is_named_at_the_missing_exchange() -> None:
+    results = run_world(_faulty, 2, "native", "skip", 1, env=ENV, timeout=50, expect_failure=True)
+    msg = _check_stall(results[0], 1, 0)
+    # Rank 1 did one exchange fewer per bucket and left.
+    assert "missing rank: rank 1 (last arrived at 'bucket1" in msg and "for the 3rd time" in msg
+    assert results[1] == ("no error", "", pytest.approx(results[1][2]))
+
+
+@pytest.mark.timeout(60)
+def test_rank_that_exits_early_is_named_by_the_others() -> None:
+    results = run_world(_faulty, 3, "ring", "exit", 2, env=ENV, timeout=50, expect_failure=True)
+    msg = _check_stall(results[0], 2, 0)
+    assert "exited" in msg or "the connection to rank 2 broke" in msg
+    # Rank 1 waits on a ring that cannot complete; it names rank 2 unless rank 0 (the
+    # store's host) has already gone too, in which case it names the broken peer.
+    assert isinstance(results[1], tuple) and results[1][0] == "StallError", results[1]
+    assert results[1][2] < STALL + 3
+
+
+@pytest.mark.timeout(60)
+def test_parameter_server_that_raises_is_named_by_its_workers() -> None:
+    # Rank 0 is the single server and also hosts the job's store: the worst rank to lose.
+    results = run_world(_faulty, 2, "ps", "raise", 0, env=ENV, timeout=50, expect_failure=True)
+    msg = _check_stall(results[1], 0, 1)
+    # Depending on how far rank 0's exit got: its broken connection, its exit mark, or
+    # the unreachable store is what rank 1 can report; each names rank 0.
+    assert any(s in msg for s in ("the connection to rank 0 broke", "missing rank: rank 0",
+                                  "rank 0, which hosts the job's store")), msg
+    assert "user code failed on this rank" in str(results[0])
+
+
+@pytest.mark.timeout(60)
+def test_rank_that_does_not_come_times_out_with_the_missing_rank() -> None:
+    results = run_world(_faulty, 2, "native", "late", 1, env=ENV, timeout=50, expect_failure=True)
+    msg = _check_stall(results[0], 1, 0)
+    assert f"did not complete on rank 0 within {STALL:g} s" in msg
+    assert "rank 1 (last arrived at 'bucket1" in msg and "exited" not in msg
+    assert results[0][2] >= STALL  # a real timeout, not a connection error

@@ -1,0 +1,111 @@
+"""`ringtrain plan`: tables, files, and one-line errors with exit code 2."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from ringtrain.errors import ConfigError
+from ringtrain.plan.cli import main, parse_count, parse_gpus
+
+
+def test_table_per_strategy(capsys: pytest.CaptureFixture[str]) -> None:
+    rc = main(["--model", "resnet101", "--gpus", "8,16,...,512", "--gpus-per-host", "4",
+               "--network", "25gbit", "--strategy", "ring,ps"])
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert "strategy ring" in out and "strategy ps" in out
+    rows = [line for line in out.splitlines() if line.rstrip().endswith("%") and line[:7].strip().isdigit()]
+    assert len(rows) == 14  # 7 GPU counts x 2 strategies
+    assert "44.5M parameters" in out
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [("8,16,...,512", [8, 16, 32, 64, 128, 256, 512]), ("4,8,...,20", [4, 8, 16, 20]),
+     ("8,16,...,40", [8, 16, 32, 40]), ("10,20,...,50", [10, 20, 40, 50]), ("3, 5 ,...,11", [3, 5, 7, 9, 11]),
+     ("16", [16])],
+)
+def test_gpu_lists(text: str, expected: list[int]) -> None:
+    assert parse_gpus(text) == expected
+
+
+@pytest.mark.parametrize("text", ["", "8,x", "0,8", "16,8", "8,...", "...,8", "8,8"])
+def test_bad_gpu_lists(text: str) -> None:
+    with pytest.raises(ConfigError, match="--gpus"):
+        parse_gpus(text)
+
+
+def test_counts() -> None:
+    assert parse_count("300M") == 300_000_000
+    assert parse_count("25.6e6") == 25_600_000
+    assert parse_count("1.5B") == 1_500_000_000
+    with pytest.raises(ConfigError, match="--params"):
+        parse_count("many")
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["--gpus", "8,x"], "--gpus"),
+        (["--model", "alexnet"], "unknown model 'alexnet'"),
+        (["--network", "carrier-pigeon"], "unknown --network"),
+        (["--intra", "usb"], "unknown --intra"),
+        (["--strategy", "gossip"], "unknown strategy 'gossip'"),
+        (["--framework", "mxnet"], "unknown framework 'mxnet'"),
+        (["--model", "custom"], "--params"),
+        (["--model", "custom", "--params", "300M"], "--step-ms"),
+        (["--model", "vgg16", "--gpu", "v100", "--batch", "32"], "--step-ms"),
+        (["--gpus-per-host", "0"], "--gpus-per-host"),
+        (["--no-such-flag"], "unrecognized arguments"),
+        (["--module", "no_such_pkg:f", "--model", "custom", "--step-ms", "5"], "cannot import"),
+        (["--plot", "/no/such/folder/x.png"], "does not exist"),
+    ],
+)
+def test_user_errors_are_one_line_and_exit_2(argv: list[str], needle: str, capsys: pytest.CaptureFixture[str]) -> None:
+    rc = main(argv)
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert needle in err
+    assert len(err.strip().splitlines()) == 1
+    assert "Traceback" not in err
+
+
+def test_custom_model_by_size(capsys: pytest.CaptureFixture[str]) -> None:
+    rc = main(["--model", "custom", "--params", "300M", "--step-ms", "370", "--gpus", "1,40",
+               "--gpus-per-host", "8", "--network", "ib-fdr", "--framework", "flat"])
+    assert rc == 0
+    assert "1200 MB of fp32 gradients" in capsys.readouterr().out
+
+
+def test_custom_model_from_a_module(capsys: pytest.CaptureFixture[str]) -> None:
+    rc = main(["--model", "custom", "--module", "ringtrain.plan.calibrate:mnist_cnn",
+               "--input-shape", "1,28,28", "--step-ms", "80", "--gpus", "1,2,4", "--gpus-per-host", "2"])
+    assert rc == 0
+    assert "1.2M parameters" in capsys.readouterr().out
+
+
+def test_json_and_plot_files(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("matplotlib")
+    png, js = tmp_path / "eff.png", tmp_path / "plan.json"
+    rc = main(["--model", "vgg16", "--gpus", "8,16,32", "--strategy", "all", "--plot", str(png), "--json", str(js)])
+    assert rc == 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    data = json.loads(js.read_text())
+    assert set(data["strategies"]) == {"ring", "hd", "hierarchical", "ps"}
+    effs = [row["efficiency"] for row in data["strategies"]["ring"]]
+    assert all(0 < e <= 1 for e in effs)
+
+
+def test_validate_prints_the_table(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--validate"]) == 0
+    out = capsys.readouterr().out
+    assert "| horovod-vgg16-512-roce | 512 | 68 |" in out
+    assert "predictions within 5 points" in out
+
+
+def test_help_exits_zero(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--help"]) == 0
+    assert "--gpus-per-host" in capsys.readouterr().out
