@@ -396,7 +396,8 @@ def format_calibration(cal: Calibration) -> str:
         "allreduce sweep   procs      bytes   measured ms   ring model ms",
     ]
     for p in cal.sweep:
-        model = 2 * (p.world - 1) * f.alpha_s + 2 * (p.world - 1) / p.world * p.nbytes / f.bandwidth
+        share = max(1.0, p.world / max(cal.cores, 1))  # as in predict_step
+        model = 2 * (p.world - 1) * f.alpha_s * share + 2 * (p.world - 1) / p.world * p.nbytes / f.bandwidth * share
         lines.append(f"                  {p.world:5d} {p.nbytes:10d} {p.seconds * 1e3:13.2f} {model * 1e3:15.2f}")
     lines += [
         "",
