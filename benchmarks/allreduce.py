@@ -416,7 +416,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.png:
         Path(args.png).parent.mkdir(parents=True, exist_ok=True)
         link = f", links paced to {args.link_mbps:g} MB/s per rank" if args.link_mbps else ""
-        plot(records, Path(args.png), f"Gloo on {cores} cores, torch {torch.__version__}{link}")
+        over = max(r["n"] for r in records) > cores
+        note = f"; N > {cores} shares the {cores} cores (oversubscribed)" if over else ""
+        plot(records, Path(args.png), f"Gloo on {cores} cores, torch {torch.__version__}{link}{note}")
         print(f"wrote {args.png}")
     return 0
 

@@ -120,10 +120,19 @@ def _fail(what: str, name: str | None, tensor: torch.Tensor | None, exc: Excepti
     )
 
 
+def _staged(tensor: torch.Tensor) -> torch.Tensor:
+    """The tensor to hand the backend: NCCL moves only CUDA tensors, so a CPU tensor
+    (a metric, a checkpoint's bytes) travels through this rank's GPU."""
+    if tensor.device.type == "cpu" and runtime.world().backend == "nccl":
+        return tensor.to(runtime.device())
+    return tensor
+
+
 def _native_allreduce(tensor: torch.Tensor, op: ReduceOp, name: str | None) -> Handle:
     n = runtime.size()
+    comm = _staged(tensor)
     try:
-        work = dist.all_reduce(tensor, op=torch_op(op), async_op=True)
+        work = dist.all_reduce(comm, op=torch_op(op), async_op=True)
     except RuntimeError as exc:
         raise _fail("allreduce", name, tensor, exc) from exc
 
@@ -132,6 +141,8 @@ def _native_allreduce(tensor: torch.Tensor, op: ReduceOp, name: str | None) -> H
             work.wait()
         except RuntimeError as exc:
             raise _fail("allreduce", name, tensor, exc) from exc
+        if comm is not tensor:
+            tensor.copy_(comm)
         finish_average(tensor, op, n)
 
     return Handle(tensor, wait, name)
@@ -212,7 +223,7 @@ def allreduce(
 def allgather(tensor: torch.Tensor, name: str | None = None) -> torch.Tensor:
     """Concatenate every rank's tensor along dim 0; first dimensions may differ by rank."""
     n = runtime.size()
-    t = tensor.detach().contiguous()
+    t = _staged(tensor.detach().contiguous())
     if t.dim() == 0:
         t = t.reshape(1)
     try:
@@ -227,17 +238,20 @@ def allgather(tensor: torch.Tensor, name: str | None = None) -> torch.Tensor:
         dist.all_gather(parts, t)
     except RuntimeError as exc:
         raise _fail("allgather", name, tensor, exc) from exc
-    return torch.cat([p[:s] for p, s in zip(parts, sizes)])
+    return torch.cat([p[:s] for p, s in zip(parts, sizes)]).to(tensor.device)
 
 
 def broadcast_(tensor: torch.Tensor, root_rank: int = 0, name: str | None = None) -> torch.Tensor:
     n = runtime.size()
     if not 0 <= root_rank < n:
         raise ConfigError(f"root_rank {root_rank} is outside the world of size {n}")
+    comm = _staged(tensor)
     try:
-        dist.broadcast(tensor, src=root_rank)
+        dist.broadcast(comm, src=root_rank)
     except RuntimeError as exc:
         raise _fail("broadcast", name, tensor, exc) from exc
+    if comm is not tensor:
+        tensor.copy_(comm)
     return tensor
 
 
@@ -256,7 +270,7 @@ def alltoall(
 ) -> torch.Tensor:
     """Send ``splits[i]`` rows (dim 0) to rank i; return the rows received, in rank order."""
     n = runtime.size()
-    t = tensor.detach().contiguous()
+    t = _staged(tensor.detach().contiguous())
     send = list(splits) if splits is not None else _even_splits(t.shape[0], n)
     if len(send) != n or any(s < 0 for s in send) or sum(send) != t.shape[0]:
         raise ConfigError(
@@ -272,7 +286,7 @@ def alltoall(
         dist.all_to_all_single(out, t, output_split_sizes=recv, input_split_sizes=send)
     except RuntimeError as exc:
         raise _fail("alltoall", name, tensor, exc) from exc
-    return out
+    return out.to(tensor.device)
 
 
 def reducescatter(tensor: torch.Tensor, op: ReduceOp = Average, name: str | None = None) -> torch.Tensor:

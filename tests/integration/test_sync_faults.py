@@ -95,3 +95,35 @@ def test_rank_that_does_not_come_times_out_with_the_missing_rank() -> None:
     assert f"did not complete on rank 0 within {STALL:g} s" in msg
     assert "rank 1 (last arrived at 'bucket1" in msg and "exited" not in msg
     assert results[0][2] >= STALL  # a real timeout, not a connection error
+
+
+def _absent() -> object:
+    import ringtrain as rt
+    from ringtrain import sync
+
+    if rt.rank() == 1:
+        time.sleep(2 * STALL + 3)  # e.g. stuck loading data: never reaches an exchange
+        return "absent"
+    # The ring's process group is built inside the first exchange: its rendezvous must
+    # give up after stall_timeout too.
+    ring = caught(lambda: rt.allreduce(torch.ones(10), name="first", algorithm=sync.Ring()))
+    model = torch.nn.Linear(4, 2)
+    opt = optimizer(model, strategy="ring")
+
+    def step() -> None:
+        model(torch.ones(1, 4)).sum().backward()
+        opt.step()
+
+    return ring, caught(step)
+
+
+@pytest.mark.timeout(60)
+def test_rank_missing_from_the_first_exchange_is_a_stall_not_a_hang() -> None:
+    ring, first_step = run_world(_absent, 2, env=ENV, timeout=50, expect_failure=True)[0]
+    assert ring[0] == "StallError" and "'first'" in ring[1], ring
+    assert "rank 1 (never reached an exchange)" in ring[1]
+    assert STALL <= ring[2] < STALL + 3
+    # With the optimizer the first-step signature check is where rank 1 is missed.
+    assert first_step[0] == "StallError", first_step
+    assert "signature check" in first_step[1] and "'bias' .. 'weight'" in first_step[1]
+    assert "rank 1 did not arrive within 3 s" in first_step[1]

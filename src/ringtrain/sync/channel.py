@@ -21,9 +21,9 @@ hand-off is a wake-up, and on a busy machine a wake-up can cost a whole time sli
 (measured: a synchronous 4 KB ring allreduce took ~3 ms with hand-offs on a loaded
 2-core machine, against ~0.5 ms for Gloo's own allreduce).
 
-The group is created by the thread as its first job: a rank that never arrives then
-shows up as a stall at the first exchange (with ``stall_timeout``), not as a hang in
-the caller.
+The group is created inside the first exchange, with that exchange's stall timeout
+for the rendezvous: a rank that never arrives shows up as a StallError at the first
+exchange, not as a hang for the init timeout.
 """
 
 from __future__ import annotations
@@ -104,7 +104,7 @@ class Channel:
     def group(self) -> Any:
         if self._group is None:
             self._group = dist.ProcessGroupGloo(
-                dist.PrefixStore(_STORE_PREFIX, self._store), self.rank, self.size, self._timeout
+                dist.PrefixStore(_STORE_PREFIX, self._store), self.rank, self.size, self.op_timeout
             )
         return self._group
 
@@ -184,8 +184,8 @@ def channel() -> Channel:
             return _current[1]
         if _current is not None:
             _current[1].close()
-        # Gloo's own operation timeout: generous (the init timeout), because stalls are
-        # reported earlier, at the handle, with stall_timeout and the names of the missing.
+        # The init timeout bounds only jobs submitted without a timeout; strategies
+        # pass their stall_timeout with every exchange.
         ch = Channel(world.env.rank, world.env.size, runtime.store(), world.settings.init_timeout)
         _current = (world, ch)
         return ch

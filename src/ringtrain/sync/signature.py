@@ -155,10 +155,12 @@ def check_signature(
     keys = [f"{prefix}hash/{r}" for r in range(size)]
     missing = _wait_keys(store, keys, timeout)
     if missing:
+        span = f"{entries[0][0]!r}" + (f" .. {entries[-1][0]!r}" if len(entries) > 1 else "")
         raise StallError(
-            f"signature check #{index} ({when}): {_ranks(missing)} did not arrive within "
-            f"{timeout:g} s (stall_timeout; {env_name('stall_timeout')}), seen from rank "
-            f"{rank}; those ranks are behind, stuck or gone: look at their logs"
+            f"signature check #{index} ({when}, before exchanging {len(entries)} {what}: "
+            f"{span}): {_ranks(missing)} did not arrive within {timeout:g} s (stall_timeout; "
+            f"{env_name('stall_timeout')}), seen from rank {rank}; those ranks are behind, "
+            "stuck or gone: look at their logs"
         )
     hashes = {r: store.get(k).decode() for r, k in enumerate(keys)}
     if len(set(hashes.values())) == 1:
