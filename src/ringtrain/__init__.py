@@ -50,9 +50,11 @@ def __getattr__(name: str) -> Any:
         raise AttributeError(f"module 'ringtrain' has no attribute {name!r}") from None
     module = importlib.import_module(module_name)
     if attr is not None or name in ("data", "checkpoint", "elastic"):
-        # The step meter listens on the event bus from the first use of the library,
-        # so `ringtrain doctor` and RINGTRAIN_TIMELINE work without code changes.
+        # Plug-ins wire themselves in on import: the step meter subscribes to the event
+        # bus (so `ringtrain doctor` and RINGTRAIN_TIMELINE need no code changes) and the
+        # ring / ps allreduce algorithms register their names.
         importlib.import_module("ringtrain.observe")
+        importlib.import_module("ringtrain.sync")
     value = module if attr is None else getattr(module, attr)
     globals()[name] = value  # later look-ups skip __getattr__
     return value

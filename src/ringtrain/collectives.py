@@ -42,6 +42,7 @@ __all__ = [
     "reducescatter",
     "register_algorithm",
     "synchronize",
+    "staged",
 ]
 
 
@@ -120,7 +121,7 @@ def _fail(what: str, name: str | None, tensor: torch.Tensor | None, exc: Excepti
     )
 
 
-def _staged(tensor: torch.Tensor) -> torch.Tensor:
+def staged(tensor: torch.Tensor) -> torch.Tensor:
     """The tensor to hand the backend: NCCL moves only CUDA tensors, so a CPU tensor
     (a metric, a checkpoint's bytes) travels through this rank's GPU."""
     if tensor.device.type == "cpu" and runtime.world().backend == "nccl":
@@ -130,7 +131,7 @@ def _staged(tensor: torch.Tensor) -> torch.Tensor:
 
 def _native_allreduce(tensor: torch.Tensor, op: ReduceOp, name: str | None) -> Handle:
     n = runtime.size()
-    comm = _staged(tensor)
+    comm = staged(tensor)
     try:
         work = dist.all_reduce(comm, op=torch_op(op), async_op=True)
     except RuntimeError as exc:
@@ -223,7 +224,7 @@ def allreduce(
 def allgather(tensor: torch.Tensor, name: str | None = None) -> torch.Tensor:
     """Concatenate every rank's tensor along dim 0; first dimensions may differ by rank."""
     n = runtime.size()
-    t = _staged(tensor.detach().contiguous())
+    t = staged(tensor.detach().contiguous())
     if t.dim() == 0:
         t = t.reshape(1)
     try:
@@ -245,7 +246,7 @@ def broadcast_(tensor: torch.Tensor, root_rank: int = 0, name: str | None = None
     n = runtime.size()
     if not 0 <= root_rank < n:
         raise ConfigError(f"root_rank {root_rank} is outside the world of size {n}")
-    comm = _staged(tensor)
+    comm = staged(tensor)
     try:
         dist.broadcast(comm, src=root_rank)
     except RuntimeError as exc:
@@ -270,7 +271,7 @@ def alltoall(
 ) -> torch.Tensor:
     """Send ``splits[i]`` rows (dim 0) to rank i; return the rows received, in rank order."""
     n = runtime.size()
-    t = _staged(tensor.detach().contiguous())
+    t = staged(tensor.detach().contiguous())
     send = list(splits) if splits is not None else _even_splits(t.shape[0], n)
     if len(send) != n or any(s < 0 for s in send) or sum(send) != t.shape[0]:
         raise ConfigError(

@@ -12,6 +12,7 @@ import datetime
 import logging
 import os
 import socket
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -55,6 +56,14 @@ class World:
 
 _world: World | None = None
 _store: dist.Store | None = None
+_shutdown_hooks: list[Callable[[], None]] = []
+
+
+def add_shutdown_hook(fn: Callable[[], None]) -> None:
+    """Run ``fn`` in :func:`shutdown` before the process group goes (layers below the
+    runtime, such as the exchange strategies, release their groups and threads here)."""
+    if fn not in _shutdown_hooks:
+        _shutdown_hooks.append(fn)
 
 
 def _choose_backend(requested: str, local_size: int) -> str:
@@ -171,6 +180,8 @@ def shutdown() -> None:
     global _world, _store
     if _world is None:
         return
+    for fn in list(_shutdown_hooks):
+        fn()
     if dist.is_initialized():
         dist.destroy_process_group()
     _world = None

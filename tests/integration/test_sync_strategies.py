@@ -171,8 +171,23 @@ def _reference(n: int) -> list[torch.Tensor]:
     return [p.detach().clone() for p in model.parameters()]
 
 
+def _by_name_without_importing_sync() -> str:
+    """rt.allreduce(t, algorithm="ring") right after rt.init(), with no explicit import of
+    ringtrain.sync (the package facade must register "ring" and "ps"): 'ok' or the error."""
+    import ringtrain as rt
+
+    try:
+        rt.allreduce(torch.ones(3), algorithm="ring")
+        rt.allreduce(torch.ones(3), algorithm="ps")
+    except Exception as exc:  # noqa: BLE001 - reported to the test
+        return f"{type(exc).__name__}: {exc}"
+    return "ok"
+
+
 def _world3() -> dict[str, object]:
-    return {"equality": _equality(), "trained": _train_all(), "mismatches": _mismatches()}
+    by_name = _by_name_without_importing_sync()  # first: nothing has imported sync yet
+    return {"by_name": by_name, "equality": _equality(), "trained": _train_all(),
+            "mismatches": _mismatches()}
 
 
 @pytest.fixture(scope="module")
@@ -196,6 +211,11 @@ def test_ring_and_ps_equal_native_allreduce(n: int) -> None:
 @pytest.mark.timeout(120)
 def test_ring_and_ps_equal_native_allreduce_on_3_ranks(world3) -> None:
     _check_equality([out["equality"] for out in world3])
+
+
+@pytest.mark.timeout(120)
+def test_ring_and_ps_work_by_name_right_after_import(world3) -> None:
+    assert [out["by_name"] for out in world3] == ["ok"] * 3
 
 
 @pytest.mark.timeout(120)

@@ -20,7 +20,7 @@ point-to-point strategies run on. See docs/sync.md for measurements.
 
 from __future__ import annotations
 
-from ringtrain import collectives
+from ringtrain import collectives, runtime
 from ringtrain.sync import channel as _channel
 from ringtrain.sync import stall as _stall
 from ringtrain.sync.native import Native
@@ -52,6 +52,8 @@ def close() -> None:
     _channel.close()
     _stall.close()
 
+
+runtime.add_shutdown_hook(close)
 
 # Defaults read stall_timeout from the settings at each call.
 collectives.register_algorithm("ring", Ring())

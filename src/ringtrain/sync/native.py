@@ -12,7 +12,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from ringtrain import runtime
+from ringtrain import collectives, runtime
 from ringtrain.collectives import Handle, ReduceOp, finish_average, torch_op
 from ringtrain.sync import stall
 from ringtrain.sync.strategy import Strategy
@@ -31,13 +31,17 @@ class Native(Strategy):
         arrival = stall.tracker().arrive(name, tensor)
         timeout = self.timeout()
         started = time.monotonic()
+        # The same staging as rt.allreduce: under NCCL a CPU tensor travels via the GPU.
+        comm = collectives.staged(tensor)
         try:
-            work = dist.all_reduce(tensor, op=reduce_op, async_op=True)
+            work = dist.all_reduce(comm, op=reduce_op, async_op=True)
         except RuntimeError as exc:
             raise stall.failure(arrival, exc, started, timeout) from None
 
         def wait() -> None:
             stall.wait_work(work, arrival, timeout)
+            if comm is not tensor:
+                tensor.copy_(comm)
             finish_average(tensor, op, size)
 
         return Handle(tensor, wait, name)

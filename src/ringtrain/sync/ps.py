@@ -65,10 +65,8 @@ class ParameterServer(P2PStrategy):
         self.chunks_per_rank = chunks_per_rank
 
     def _options(self) -> dict[str, Any]:
-        return {"servers": self.servers, "chunks_per_rank": self.chunks_per_rank, **super()._options()}
-
-    def signature(self) -> dict[str, str]:
-        return {"strategy": self.name, "ps_servers": str(self.servers)}
+        return {"ps_servers": self.servers, "chunks_per_rank": self.chunks_per_rank,
+                **super()._options()}
 
     def check_world(self, size: int) -> None:
         if self.servers > size:

@@ -30,7 +30,9 @@ from ringtrain import runtime
 from ringtrain.errors import MismatchError, StallError
 from ringtrain.settings import env_name
 
-__all__ = ["Entry", "entry", "describe_mismatch", "check_signature", "check_exchange"]
+__all__ = [
+    "Entry", "entry", "describe_mismatch", "check_signature", "check_exchange", "strategy_settings",
+]
 
 #: (name, shape, dtype) of one exchanged tensor.
 Entry = tuple[str, tuple[int, ...], str]
@@ -176,6 +178,18 @@ def check_signature(
     raise MismatchError(message or f"ranks would exchange different {what} ({when})")
 
 
+def strategy_settings(strategy: object) -> dict[str, str]:
+    """What every rank's strategy must agree on, without addresses or other per-process
+    details: a sync strategy's own ``signature()``, else the function's or class's name."""
+    sig = getattr(strategy, "signature", None)
+    if callable(sig):
+        return dict(sig())
+    if isinstance(strategy, str):
+        return {"strategy": strategy}
+    target = strategy if hasattr(strategy, "__qualname__") else type(strategy)
+    return {"strategy": f"{getattr(target, '__module__', '?')}.{getattr(target, '__qualname__', '?')}"}
+
+
 def check_exchange(
     strategy: object,
     tensors: Iterable[tuple[str, Sequence[int], torch.dtype | str]],
@@ -185,8 +199,7 @@ def check_exchange(
     """The optimizer's check: ``tensors`` are (name, shape, dtype) in exchange order;
     the strategy's own settings (e.g. ps_servers) and stall timeout are added here."""
     shared = dict(settings or {})
-    sig = getattr(strategy, "signature", None)
-    shared.update(sig() if callable(sig) else {"strategy": str(strategy)})
+    shared.update(strategy_settings(strategy))
     timeout_fn = getattr(strategy, "timeout", None)
     timeout = timeout_fn() if callable(timeout_fn) else None
     check_signature([entry(*t) for t in tensors], shared, timeout=timeout, when=when)

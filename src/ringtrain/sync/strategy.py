@@ -51,8 +51,11 @@ class Strategy:
         raise NotImplementedError
 
     def signature(self) -> dict[str, str]:
-        """Settings every rank must share (compared by the first-step signature check)."""
-        return {"strategy": self.name}
+        """Settings every rank must share (compared by the first-step signature check):
+        the name and every option except the stall timeout, which may differ."""
+        options = {k: str(v) for k, v in self._options().items()
+                   if v is not None and k != "stall_timeout"}
+        return {"strategy": self.name, **options}
 
     def __repr__(self) -> str:
         args = ", ".join(f"{k}={v!r}" for k, v in self._options().items() if v is not None)

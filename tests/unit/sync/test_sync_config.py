@@ -10,6 +10,7 @@ from ringtrain.collectives import ReduceOp
 from ringtrain.errors import ConfigError
 from ringtrain.sync import Native, ParameterServer, Ring, make_strategy
 from ringtrain.sync._tensors import ScratchPool, aligned_spans, combine_, even_spans, flat_work
+from ringtrain.sync.signature import strategy_settings
 
 
 def test_import_registers_ring_and_ps() -> None:
@@ -28,6 +29,7 @@ def test_make_strategy(name: str, options: dict, cls: type) -> None:
     if "ps_servers" in options:
         assert s.servers == options["ps_servers"]
         assert s.signature() == {"strategy": "ps", "ps_servers": "2"}
+    assert "stall_timeout" not in s.signature()  # may differ between ranks
 
 
 @pytest.mark.parametrize("name,options,words", [
@@ -56,7 +58,7 @@ def test_ps_needs_enough_ranks() -> None:
 
 
 def test_repr_shows_options() -> None:
-    assert repr(ParameterServer(servers=2)) == "ParameterServer(servers=2)"
+    assert repr(ParameterServer(servers=2)) == "ParameterServer(ps_servers=2)"
     assert repr(Ring(chunks_per_rank=3, stall_timeout=4.0)) == "Ring(chunks_per_rank=3, stall_timeout=4.0)"
 
 
@@ -106,3 +108,21 @@ def test_scratch_pool_reuses_its_buffer() -> None:
     assert b.data_ptr() == a.data_ptr()
     c = pool.get(torch.float32, 200)
     assert c.numel() == 200 and pool.nbytes() == 800
+
+
+def _my_allreduce(tensor, op, name):  # a user-written algorithm
+    raise NotImplementedError
+
+
+class _MyAlgorithm:
+    def __call__(self, tensor, op, name):
+        raise NotImplementedError
+
+
+def test_strategy_settings_are_the_same_in_every_process() -> None:
+    assert strategy_settings(Ring(chunks_per_rank=2, stall_timeout=9)) == {
+        "strategy": "ring", "chunks_per_rank": "2"}
+    assert strategy_settings("native") == {"strategy": "native"}
+    # No memory addresses: they differ between processes and would be false mismatches.
+    assert strategy_settings(_my_allreduce) == {"strategy": f"{__name__}._my_allreduce"}
+    assert strategy_settings(_MyAlgorithm()) == {"strategy": f"{__name__}._MyAlgorithm"}
