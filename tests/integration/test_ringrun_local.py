@@ -12,45 +12,15 @@ import uuid
 from pathlib import Path
 
 import pytest
+from hosts.harness import assert_no_orphans, env_for, processes_with
 
 SCRIPT = str(Path(__file__).parent / "scripts" / "world_probe.py")
 BIN = Path(sys.executable).parent
 
 
-def _env(marker: str) -> dict[str, str]:
-    env = dict(os.environ)
-    env["PATH"] = f"{BIN}:{env.get('PATH', '')}"
-    env["RINGTEST_MARKER"] = marker
-    return env
-
-
-def _processes_with(marker: str) -> list[int]:
-    """Pids of live processes whose environment carries ``marker`` (workers and their children)."""
-    found = []
-    needle = f"RINGTEST_MARKER={marker}".encode()
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            if needle in (entry / "environ").read_bytes():
-                status = (entry / "status").read_text()
-                if "\nState:\tZ" not in status:
-                    found.append(int(entry.name))
-        except OSError:
-            continue
-    return found
-
-
-def _assert_no_orphans(marker: str, within: float = 3.0) -> None:
-    deadline = time.monotonic() + within
-    while _processes_with(marker) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert _processes_with(marker) == [], "worker processes survived ringrun"
-
-
 def _ringrun(*args: str, marker: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [str(BIN / "ringrun"), *args], capture_output=True, text=True, timeout=timeout, env=_env(marker)
+        [str(BIN / "ringrun"), *args], capture_output=True, text=True, timeout=timeout, env=env_for(marker)
     )
 
 
@@ -64,7 +34,7 @@ def test_two_ranks_get_the_env_contract_and_prefixed_output() -> None:
         "[0] rank=0 size=2 local=0/2 launcher=ringrun sum=3",
         "[1] rank=1 size=2 local=1/2 launcher=ringrun sum=3",
     ]
-    _assert_no_orphans(marker)
+    assert_no_orphans(marker)
 
 
 @pytest.mark.timeout(60)
@@ -77,7 +47,7 @@ def test_a_failing_rank_stops_the_others_and_sets_the_exit_code(tmp_path: Path) 
     assert "rank 1" in res.stderr and "exited with code 3" in res.stderr
     assert time.monotonic() - start < 30
     assert "rank=1" in (tmp_path / "rank.1.log").read_text()
-    _assert_no_orphans(marker)
+    assert_no_orphans(marker)
 
 
 @pytest.mark.timeout(60)
@@ -86,7 +56,7 @@ def test_signal_to_ringrun_ends_every_worker_within_5s(sig: signal.Signals, code
     marker = uuid.uuid4().hex
     proc = subprocess.Popen(
         [str(BIN / "ringrun"), "-np", "2", "python", SCRIPT, "sleep"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(marker),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env_for(marker),
     )
     assert proc.stdout is not None
     ready = 0
@@ -99,7 +69,7 @@ def test_signal_to_ringrun_ends_every_worker_within_5s(sig: signal.Signals, code
     proc.send_signal(sig)
     assert proc.wait(timeout=10) == code
     assert time.monotonic() - sent < 5.0
-    _assert_no_orphans(marker, within=1.0)
+    assert_no_orphans(marker, within=1.0)
 
 
 @pytest.mark.timeout(60)
@@ -107,7 +77,7 @@ def test_killed_ringrun_leaves_no_workers() -> None:
     marker = uuid.uuid4().hex
     proc = subprocess.Popen(
         [str(BIN / "ringrun"), "-np", "2", "python", SCRIPT, "sleep"],
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=_env(marker),
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env_for(marker),
     )
     assert proc.stdout is not None
     ready = 0
@@ -120,12 +90,12 @@ def test_killed_ringrun_leaves_no_workers() -> None:
     # SIGKILLed: that is the one case a launcher cannot clean up itself).
     deadline = time.monotonic() + 5
     def workers() -> list[int]:
-        return [p for p in _processes_with(marker)
+        return [p for p in processes_with(marker)
                 if "world_probe" in Path(f"/proc/{p}/cmdline").read_bytes().decode(errors="ignore")]
     while workers() and time.monotonic() < deadline:
         time.sleep(0.1)
     assert workers() == []
-    for pid in _processes_with(marker):  # tidy up the sleeping grandchildren
+    for pid in processes_with(marker):  # tidy up the sleeping grandchildren
         os.kill(pid, signal.SIGKILL)
 
 
@@ -135,7 +105,7 @@ def test_script_runs_under_torchrun() -> None:
     res = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
          SCRIPT, "ok"],
-        capture_output=True, text=True, timeout=80, env=_env(marker),
+        capture_output=True, text=True, timeout=80, env=env_for(marker),
     )
     assert res.returncode == 0, res.stderr[-2000:]
     # torchrun's ranks share one pipe, so their lines may interleave: match, don't split.
@@ -143,7 +113,7 @@ def test_script_runs_under_torchrun() -> None:
         "rank=0 size=2 local=0/2 launcher=torchrun sum=3",
         "rank=1 size=2 local=1/2 launcher=torchrun sum=3",
     ]
-    _assert_no_orphans(marker)
+    assert_no_orphans(marker)
 
 
 @pytest.mark.timeout(30)
