@@ -268,18 +268,36 @@ def variants(dataset: Any, workers: int, copy_out: bool = False
     return out
 
 
+def _precise_sleep() -> None:
+    """Make (d)'s emulated device time exact: Linux delays a sleeping thread's wake-up
+    by its timer slack (50 us by default, ~125 us measured per 10 ms sleep in all),
+    an artefact of emulating the device with sleep, charged to every loader alike."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).prctl(29, 1, 0, 0, 0)  # PR_SET_TIMERSLACK = 29, 1 ns
+    except (OSError, AttributeError):
+        pass
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     torch.set_num_threads(1)
+    _precise_sleep()
     w = args.workers
     scale = 0.25 if args.quick else 1.0
     epochs = 1 if args.quick else 2
     results: dict[str, Any] = {}
 
     def bench(name: str, dataset: Any, copy_out: bool = False, step_s: float = 0.0) -> None:
-        row = {}
-        for label, make in variants(dataset, w, copy_out).items():
-            row[label] = measure(make, epochs, step_s)
-            r = row[label]
+        # Best of `repeat` runs, variants interleaved: other load on the machine only
+        # ever slows a run down, so the fastest run is the best estimate for each.
+        row: dict[str, dict[str, float]] = {}
+        runs = [(label, make) for _ in range(args.repeat)
+                for label, make in variants(dataset, w, copy_out).items()]
+        for label, make in runs:
+            r = measure(make, epochs, step_s)
+            if label not in row or r["samples_per_s"] > row[label]["samples_per_s"]:
+                row[label] = r
             print(f"  {name:8s} {label:26s} {r['samples_per_s']:>12,.0f} samples/s"
                   f"   cpu/sample: main {r['main_cpu_us_per_sample']:6.2f} us, workers "
                   f"{r['worker_cpu_us_per_sample']:6.2f} us"
@@ -323,6 +341,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="a quarter of the data, 1 epoch")
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--repeat", type=int, default=None,
+                        help="runs per loader and workload, best kept (default 2, quick 1)")
     parser.add_argument("--jpeg-size", type=int, default=96, help="JPEG side in pixels")
     parser.add_argument("--step-ms", type=float, default=10.0,
                         help="shortest emulated device step per batch for (d)")
@@ -334,6 +354,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--naive", action="store_true",
                         help="(e) also measures a Python list of bytes (copy-on-write growth)")
     args = parser.parse_args(argv)
+    if args.repeat is None:
+        args.repeat = 1 if args.quick else 2
     if args.records:
         mem = records_memory(args.records, args.records_read, args.naive)
         args.out.write_text(json.dumps({"records_memory": mem}, indent=1))
@@ -341,7 +363,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     budget = cpu_budget()
     print(f"{budget.describe()}; torch {torch.__version__}; batch {BATCH}; "
-          f"{args.workers} workers{' (quick)' if args.quick else ''}")
+          f"{args.workers} workers; best of {args.repeat}{' (quick)' if args.quick else ''}; "
+          f"load average {' '.join(Path('/proc/loadavg').read_text().split()[:3])}")
     results = run(args)
     summary = summarise(results, args.workers)
     print("\nworkload  " + "".join(f"{k:>24s}" for k in results["tiny"]))
@@ -367,6 +390,7 @@ def main(argv: list[str] | None = None) -> int:
                        "torch": torch.__version__, "numpy": np.__version__,
                        "os_cpu_count": os.cpu_count()},
            "batch_size": BATCH, "workers": args.workers, "quick": args.quick,
+           "repeat": args.repeat,
            "results": results, "targets": summary}
     args.out.write_text(json.dumps(doc, indent=1))
     print(f"\nwrote {args.out}")

@@ -238,3 +238,28 @@ def test_breaking_out_of_epochs_leaks_no_slots() -> None:
             assert torch.equal(x, torch.from_numpy(ds.x[i.numpy()]))
         slots = loader._feed.slots
         assert slots is not None and len(slots.slots) <= slots.max_slots
+
+
+@pytest.mark.timeout(60)
+def test_next_epoch_loads_while_this_one_ends() -> None:
+    ds = Indexed(3000)
+    with _loader(ds, batch_size=100) as loader, _loader(ds, batch_size=100, num_workers=0) as ref:
+        for epoch in range(3):
+            loader.set_epoch(epoch)
+            ref.set_epoch(epoch)
+            got = [i.tolist() for _, i in _take(loader)]
+            assert got == [i.tolist() for _, i in _take(ref)]
+            assert loader._feed._next_dispatched > 0  # epoch + 1 was already under way
+        # leave epoch 3 early, then go on with epoch 4 (the prefetched one) ...
+        loader.set_epoch(3)
+        assert len(_take(loader, limit=5)) == 5
+        loader.set_epoch(4)
+        ref.set_epoch(4)
+        assert [i.tolist() for _, i in _take(loader)] == [i.tolist() for _, i in _take(ref)]
+        # ... and with one it did not expect
+        loader.set_epoch(9)
+        ref.set_epoch(9)
+        assert [i.tolist() for _, i in _take(loader)] == [i.tolist() for _, i in _take(ref)]
+        slots = loader._feed.slots
+        assert slots is not None and len(slots.slots) <= slots.max_slots
+        assert not loader._feed.refs or len(loader._feed.refs) <= 4

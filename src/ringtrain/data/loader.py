@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from ringtrain import events
 from ringtrain.data.autotune import Autotuner, CpuBudget, cpu_budget, initial_workers
 from ringtrain.data.collate import fresh_alloc
 from ringtrain.data.feed import WorkerFeed
@@ -93,6 +94,9 @@ class _EpochIterator:
 
 
 class Loader:
+    #: The loader reports its own data waits on the event bus, so
+    #: ``rt.observe.instrument(loader)`` returns it unwrapped (no double counting).
+    publishes_data_wait = True
     """Batches of a map-style dataset, loaded by worker processes through shared memory.
 
     Args:
@@ -245,7 +249,11 @@ class Loader:
         self._active = True
         if self.num_workers > 0:
             self._feed.start(self.num_workers)
-            self._feed.begin(plan)
+            # The epoch after this one, as it will be unless set_epoch/load_state_dict
+            # say otherwise: its first batches load while this epoch ends.
+            following = EpochPlan(plan.num_samples, self.batch_size, world, rank, self.shuffle,
+                                  self.seed, self._epoch + 1, self.drop_last)
+            self._feed.begin(plan, following)
         return _EpochIterator(self, self._gen)
 
     def state_dict(self) -> dict[str, Any]:
@@ -383,6 +391,10 @@ class Loader:
         t1 = time.perf_counter()
         self.last_wait_s = t1 - t0
         self.total_wait_s += self.last_wait_s
+        if events.active():
+            events.emit("data_wait", t0, t1, samples=plan.batch_len(self._yielded),
+                        batch=self._yielded, batches=plan.num_batches, epoch=plan.epoch,
+                        workers=self.num_workers, source="Loader")
         self._yielded += 1
         self.batches_yielded += 1
         if self._tuner is not None and self._gap_from is not None:

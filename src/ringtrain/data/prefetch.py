@@ -20,6 +20,7 @@ on the CPU with a fake backend.
 from __future__ import annotations
 
 import logging
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -27,6 +28,8 @@ from typing import Any, Protocol
 
 import numpy as np
 import torch
+
+from ringtrain import events
 
 __all__ = ["DeviceStager", "CudaBackend", "StagerBackend", "tree_map"]
 
@@ -125,6 +128,7 @@ class _Staged:
     end: Any
     release: Callable[[], None] | None
     host: Any  # keeps the host views alive until the copy is done
+    issued_at: float = 0.0  # host clock when the copy was queued (for the timeline)
 
 
 class DeviceStager:
@@ -143,7 +147,7 @@ class DeviceStager:
     def stage(self, host: Any, pinned: bool, release: Callable[[], None] | None) -> None:
         """Start copying ``host`` to the device; ``release`` runs once it is copied."""
         dev, start, end = self.backend.copy(host, non_blocking=pinned)
-        st = _Staged(dev, start, end, release, host)
+        st = _Staged(dev, start, end, release, host, time.perf_counter())
         self._ready.append(st)
         self._copying.append(st)
         self.reap()
@@ -169,6 +173,11 @@ class DeviceStager:
             self._copying.popleft()
             self.last_h2d_s = self.backend.elapsed_s(st.start, st.end)
             self.total_h2d_s += self.last_h2d_s
+            if events.active():
+                # The copy ran on the side stream, overlapped with compute; its span is
+                # for the timeline (the loop only waited if data_wait says so).
+                events.emit("h2d_copy", st.issued_at, st.issued_at + self.last_h2d_s,
+                            overlapped=True)
             st.host = None
             if st.release is not None:
                 st.release()
