@@ -26,8 +26,6 @@ import numpy as np
 import torch
 
 import ringtrain as rt
-import ringtrain.data  # noqa: F401  (rt.data and rt.observe: until ringtrain/__init__ imports them)
-import ringtrain.observe  # noqa: F401
 
 
 class AugmentedImages:

@@ -7,7 +7,6 @@ import time
 import torch
 
 import ringtrain as rt
-import ringtrain.observe  # noqa: F401  (until ringtrain/__init__ imports it)
 
 rt.init()
 model = torch.nn.Linear(16, 4)

@@ -9,7 +9,6 @@ from __future__ import annotations
 import torch
 
 import ringtrain as rt
-import ringtrain.observe  # noqa: F401  (until ringtrain/__init__ imports it)
 
 rt.init()
 torch.manual_seed(0)

@@ -8,7 +8,6 @@ from collections.abc import Iterator
 import torch
 
 import ringtrain as rt
-import ringtrain.observe  # noqa: F401  (until ringtrain/__init__ imports it)
 
 
 def slow_batches() -> Iterator[tuple[torch.Tensor, torch.Tensor]]:

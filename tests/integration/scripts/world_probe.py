@@ -4,7 +4,6 @@ Modes (argv[1]): ok (allreduce and print), fail-rank-N (rank N exits 3 after the
 others block in a collective), sleep (every rank starts a child and sleeps).
 """
 
-import os
 import subprocess
 import sys
 import time
