@@ -24,3 +24,13 @@ def test_dtypes_never_share_a_bucket_and_big_tensors_stand_alone() -> None:
             (torch.float16 if i == 1 else torch.float32) == b.dtype for i in b.params
         )
     assert any(b.params == (0,) and b.numel == 1000 for b in plan)
+
+
+def test_first_bucket_is_small_and_megabyte_tensors_travel_alone() -> None:
+    # Registration order as in the MNIST CNN: conv1, conv2, fc1 (4.7 MB), fc2.
+    shapes = [torch.Size(s) for s in ([32, 1, 3, 3], [32], [64, 32, 3, 3], [64],
+                                      [128, 9216], [128], [10, 128], [10])]
+    plan = plan_buckets(shapes, [torch.float32] * 8, [CPU] * 8, bucket_bytes=25 * 2**20)
+    # fc2 + fc1.bias are ready first and go at once; fc1.weight goes alone as soon as it
+    # is ready, overlapping the convolutions' backward; the conv gradients go last.
+    assert [b.params for b in plan] == [(7, 6, 5), (4,), (3, 2, 1, 0)]
