@@ -237,8 +237,11 @@ def measure(make: Callable[[], Iterable[Any]], epochs: int, step_s: float = 0.0
         for batch in loader:
             samples += _count(batch)
             if step_s:
+                # The emulated device is busy for as long as the sleep really lasts (a
+                # wake-up a little late is the emulation's, not the loader's, time).
+                t_step = time.perf_counter()
                 time.sleep(step_s)
-                busy += step_s
+                busy += time.perf_counter() - t_step
     wall = time.perf_counter() - start
     own = time.process_time() - own0
     workers = sum(_cpu_s(p) - c for p, c in zip(pids, cpu0))
