@@ -67,15 +67,39 @@ def __dir__() -> list[str]:
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from ringtrain import checkpoint, data, elastic, errors, events, observe, runtime, sync
     from ringtrain.collectives import (
-        Average, Handle, Max, Min, ReduceOp, Sum, allgather, allgather_object, allreduce,
-        allreduce_, allreduce_async, allreduce_async_, alltoall, barrier, broadcast,
-        broadcast_, broadcast_object, reducescatter, synchronize,
+        Average,
+        Handle,
+        Max,
+        Min,
+        ReduceOp,
+        Sum,
+        allgather,
+        allgather_object,
+        allreduce,
+        allreduce_,
+        allreduce_async,
+        allreduce_async_,
+        alltoall,
+        barrier,
+        broadcast,
+        broadcast_,
+        broadcast_object,
+        reducescatter,
+        synchronize,
     )
     from ringtrain.compression import Compression
     from ringtrain.optimizer import DistributedOptimizer
     from ringtrain.replicate import broadcast_optimizer_state, broadcast_parameters
     from ringtrain.runtime import (
-        cross_rank, cross_size, device, init, is_initialized, local_rank, local_size, rank,
-        shutdown, size,
+        cross_rank,
+        cross_size,
+        device,
+        init,
+        is_initialized,
+        local_rank,
+        local_size,
+        rank,
+        shutdown,
+        size,
     )
     from ringtrain.schedule import scale_lr, warmup

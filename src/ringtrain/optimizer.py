@@ -6,7 +6,9 @@ How a step flows:
    counts the pass. On the ``backward_passes_per_step``-th pass the parameter is ready.
 2. When every parameter of a fusion bucket is ready, the bucket's gradients are packed
    (scaled by 1/(passes*size) for ``Average``) into its flat buffer, reused across steps,
-   and an asynchronous allreduce starts while backward goes on. Buckets start in plan
+   and an asynchronous allreduce starts while backward goes on. Without compression each
+   ``.grad`` becomes a view of that buffer (as DDP's ``gradient_as_bucket_view``), so
+   the exchange reduces ``.grad`` in place: read gradients only after ``synchronize()``. Buckets start in plan
    order on every rank, so ranks issue collectives in the same sequence.
 3. ``step()`` (or ``synchronize()``) starts the buckets still pending (parameters that
    got no gradient contribute zeros, so no rank waits for an exchange that never
@@ -36,6 +38,9 @@ class _Bucket:
     def __init__(self, spec: BucketSpec, names: list[str], wire: torch.dtype) -> None:
         self.spec = spec
         self.flat = torch.zeros(spec.numel, dtype=wire, device=spec.device)
+        # Without compression the gradients can live in the flat buffer itself (as DDP's
+        # gradient_as_bucket_view): packing is then at most one copy, unpacking none.
+        self.grad_views = wire == spec.dtype
         self.pending = len(spec.params)  # parameters not yet ready in this step
         self.handle: collectives.Handle | None = None
         first, last = names[0], names[-1]
@@ -185,24 +190,56 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 return
             self._launch(bucket)
 
+    def _scale(self, index: int) -> float:
+        count = self._passes[index]
+        return 1.0 / (count * runtime.size()) if self._op is Average else 1.0
+
     def _pack(self, bucket: _Bucket) -> None:
-        n = runtime.size()
+        if bucket.grad_views:
+            self._pack_in_place(bucket)
+            return
         with torch.no_grad():
             for index, offset in zip(bucket.spec.params, bucket.spec.offsets):
                 p = self._params[index]
                 view = bucket.flat[offset : offset + p.numel()]
-                count = self._passes[index]
-                if p.grad is None or count == 0:
+                if p.grad is None or self._passes[index] == 0:
                     view.zero_()  # unused parameter: contribute zeros, never skip the exchange
                     continue
                 grad = p.grad.detach().reshape(-1)
-                scale = 1.0 / (count * n) if self._op is Average else 1.0
+                scale = self._scale(index)
                 if scale == 1.0:
                     view.copy_(grad)
                 elif view.dtype == grad.dtype:
                     torch.mul(grad, scale, out=view)
                 else:
                     view.copy_(grad * scale)  # scale before narrowing: fp16 overflows at 65504
+
+    def _pack_in_place(self, bucket: _Bucket) -> None:
+        # Make every .grad a view of the flat buffer. A gradient that already is one (the
+        # user zeroed instead of setting to None) was accumulated in place: no copy at all.
+        # The exchange then reduces .grad directly and unpacking has nothing to do.
+        scales: set[float] = set()
+        with torch.no_grad():
+            for index, offset in zip(bucket.spec.params, bucket.spec.offsets):
+                p = self._params[index]
+                view = bucket.flat[offset : offset + p.numel()]
+                grad = p.grad
+                if grad is None or self._passes[index] == 0:
+                    view.zero_()  # unused parameter: contribute zeros, never skip the exchange
+                elif grad.data_ptr() != view.data_ptr() or not grad.is_contiguous():
+                    view.copy_(grad.detach().reshape(-1))
+                p.grad = view.view(p.shape)
+                if self._passes[index]:
+                    scales.add(self._scale(index))
+            if not scales or scales == {1.0}:
+                return
+            if len(scales) == 1:
+                bucket.flat.mul_(scales.pop())  # one pass over the buffer, the common case
+                return
+            for index, offset in zip(bucket.spec.params, bucket.spec.offsets):
+                if self._passes[index]:
+                    bucket.flat[offset : offset + self._params[index].numel()].mul_(
+                        self._scale(index))
 
     def _launch(self, bucket: _Bucket) -> None:
         if not self._layout_checked:
@@ -258,6 +295,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
             for index, offset in zip(bucket.spec.params, bucket.spec.offsets):
                 p = self._params[index]
                 view = bucket.flat[offset : offset + p.numel()].view(p.shape)
+                if bucket.grad_views and p.grad is not None and p.grad.data_ptr() == view.data_ptr():
+                    continue  # the exchange reduced .grad itself
                 if p.grad is None:
                     p.grad = view.to(p.dtype, copy=True)
                 else:

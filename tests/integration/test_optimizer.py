@@ -66,6 +66,44 @@ def test_n_ranks_equal_one_rank_with_concatenated_batch(n: int, passes: int) -> 
             torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
 
 
+def _train_in_place(passes: int) -> tuple[list[torch.Tensor], bool]:
+    # zero_grad(set_to_none=False) keeps each .grad a view of its fusion buffer, so
+    # backward accumulates straight into the buffer: one shared storage (the model fits
+    # one bucket), the same every step.
+    import ringtrain as rt
+
+    model = _model(seed=rt.rank())
+    pointers: set[tuple[int, ...]] = set()
+    rt.broadcast_parameters(model.state_dict(), root_rank=0)
+    opt = rt.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
+        named_parameters=model.named_parameters(), backward_passes_per_step=passes,
+    )
+    for step in range(STEPS):
+        x, y = _data(step, rt.size() * BATCH)
+        mine = slice(rt.rank() * BATCH, (rt.rank() + 1) * BATCH)
+        opt.zero_grad(set_to_none=False)
+        for micro in range(passes):
+            part = slice(micro * BATCH // passes, (micro + 1) * BATCH // passes)
+            torch.nn.functional.mse_loss(model(x[mine][part]), y[mine][part]).backward()
+        opt.step()
+        if step > 0:
+            pointers.add(tuple({p.grad.untyped_storage().data_ptr() for p in model.parameters()}))
+    one_storage = len(pointers) == 1 and len(next(iter(pointers))) == 1
+    return [p.detach().clone() for p in model.parameters()], one_storage
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("passes", [1, 2])
+def test_gradients_accumulated_in_place_give_the_same_training(passes: int) -> None:
+    results = run_world(_train_in_place, 2, passes, timeout=80)
+    expected = _reference(2)
+    for rank_params, stable in results:
+        assert stable, "gradients are not views of one fusion buffer that stays put"
+        for got, want in zip(rank_params, expected):
+            torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
 def _features() -> dict[str, object]:
     import ringtrain as rt
 

@@ -7,6 +7,7 @@ local Gloo processes on purpose). The pieces, one concern per module:
 - :mod:`~ringtrain.plan.models`     catalogue: architectures and published GPU speeds
 - :mod:`~ringtrain.plan.network`    links (alpha, bandwidth) and host topology
 - :mod:`~ringtrain.plan.cost`       alpha-beta cost of each exchange strategy
+- :mod:`~ringtrain.plan.coordination` Horovod's 2018 negotiation cycle, growing with N
 - :mod:`~ringtrain.plan.simulate`   ready order, buckets, overlap: one step on N GPUs
 - :mod:`~ringtrain.plan.validation` published results vs predictions
 - :mod:`~ringtrain.plan.calibrate`  fit the local backend, check a real step

@@ -159,7 +159,10 @@ def allreduce_time(strategy: str, m: float, n: int, topo: Topology, *, inter: st
     raise ConfigError(f"strategy {strategy!r} is not an allreduce; use ps_one_way for 'ps'")
 
 
-def ps_one_way(m: float, n: int, topo: Topology, *, colocated: bool = True, per_host: bool = False) -> float:
+def ps_one_way(
+    m: float, n: int, topo: Topology, *, colocated: bool = True, per_host: bool = False,
+    transport_bw: float | None = None,
+) -> float:
     """Seconds one server needs to receive a tensor of ``m`` bytes from every worker.
 
     Sending the updated tensor back to every worker takes as long in the other
@@ -167,8 +170,10 @@ def ps_one_way(m: float, n: int, topo: Topology, *, colocated: bool = True, per_
     TensorFlow's ``replica_device_setter``. With ``colocated`` servers (one per
     worker host, the usual distributed-TensorFlow layout) the host's own GPUs reach
     their server without the network; on one host everything crosses PCIe to the CPU.
-    With ``per_host`` each host first sums its GPUs' gradients and sends one copy (a
-    worker per host, TensorFlow's ``distributed_replicated`` layout).
+    With ``per_host`` each host first sums its GPUs' gradients and sends one copy (one
+    worker process per host driving its GPUs, as ``tf_cnn_benchmarks`` runs). A
+    ``transport_bw`` caps what the server process moves across hosts, whatever the
+    NIC (an RPC stack bound by CPU, like TensorFlow's gRPC of 2016-17).
     """
     _check(m, n)
     hosts = topo.hosts(n)
@@ -178,4 +183,5 @@ def ps_one_way(m: float, n: int, topo: Topology, *, colocated: bool = True, per_
         remote = hosts - 1 if colocated else hosts
     else:
         remote = n - topo.local(n) if colocated else n
-    return topo.inter.alpha_s + remote * m / topo.inter.bandwidth
+    bw = topo.inter.bandwidth if transport_bw is None else min(topo.inter.bandwidth, transport_bw)
+    return topo.inter.alpha_s + remote * m / bw

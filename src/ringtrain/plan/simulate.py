@@ -15,9 +15,11 @@ alpha-beta time. Two bucketing policies cover the frameworks of the validation:
 
 - static (PyTorch DDP): buckets of ``bucket_bytes`` in ready order, fixed before the
   step; a bucket goes out when its last gradient is ready (Li et al. 2020, VLDB).
-- dynamic (Horovod): a background thread wakes every ``cycle_s``; when the channel is
-  free it fuses everything ready so far, up to ``bucket_bytes`` (Horovod's tensor
-  fusion, Sergeev & Del Balso 2018).
+- dynamic (Horovod): a background thread runs a cycle every ``cycle_s`` (at once
+  when the previous cycle's work took longer); each cycle first negotiates, through
+  rank 0, which tensors every rank has ready (a cost that grows with N, see
+  :mod:`ringtrain.plan.coordination`), then runs them as fused collectives of up to
+  ``bucket_bytes`` (Horovod's tensor fusion, Sergeev & Del Balso 2018).
 
 A parameter server has no single channel: each tensor lives whole on one server,
 which takes it from every worker and sends the update back, so servers are
@@ -42,6 +44,7 @@ from dataclasses import dataclass, field
 from statistics import NormalDist
 
 from ringtrain.errors import ConfigError
+from ringtrain.plan.coordination import negotiation_s
 from ringtrain.plan.cost import allreduce_time, check_strategy, ps_one_way
 from ringtrain.plan.layers import Layer
 from ringtrain.plan.network import Topology
@@ -61,8 +64,9 @@ __all__ = [
 #: measurement: fitted once, on the grid of ``validation.fit_jitter``, so that the
 #: Horovod paper's Inception V3 at 128 GPUs (88%) comes out right; it stands for every
 #: synchronisation loss the alpha-beta terms leave out (stragglers, OS and network
-#: noise, coordination). Every other validation row is predicted with it.
-DEFAULT_JITTER_CV = 0.045
+#: noise; Horovod's negotiation is modelled on its own). Every other validation row is
+#: predicted with it.
+DEFAULT_JITTER_CV = 0.0425
 
 
 @dataclass(frozen=True)
@@ -80,11 +84,22 @@ class Framework:
     overlap: bool = True
     #: CPU cost per gradient tensor that delays backward (autograd hooks, copies).
     per_tensor_s: float = 0.0
+    #: Dynamic fusion only: latency of one control message of the negotiation that
+    #: opens every cycle (see :mod:`ringtrain.plan.coordination`); 0 = no negotiation.
+    control_alpha_s: float = 0.0
+    #: Dynamic fusion only: the coordinator's cost per other rank in every cycle.
+    coordinator_per_rank_s: float = 0.0
+    #: Parameter servers only: most bytes/s one process moves through the framework's
+    #: transport, whatever the link (None: the link's bandwidth).
+    transport_bw: float | None = None
     note: str = ""
 
     def __post_init__(self) -> None:
-        if self.bucket_bytes < 0 or self.cycle_s < 0 or self.per_tensor_s < 0:
+        times = (self.cycle_s, self.per_tensor_s, self.control_alpha_s, self.coordinator_per_rank_s)
+        if self.bucket_bytes < 0 or min(times) < 0:
             raise ConfigError(f"framework {self.name!r}: sizes and times must be >= 0")
+        if self.transport_bw is not None and self.transport_bw <= 0:
+            raise ConfigError(f"framework {self.name!r}: transport bandwidth must be > 0, got {self.transport_bw}")
 
 
 #: Framework presets by the name the CLI takes (``--framework``).
@@ -95,11 +110,25 @@ FRAMEWORKS: dict[str, Framework] = {
     # (ResNet-101, 314 tensors): 12 ms over 475 tensors = 25 us per tensor.
     "ddp": Framework("ddp", 25 * 2**20, first_bucket_bytes=2**20, per_tensor_s=25e-6,
                      note="PyTorch DistributedDataParallel"),
-    # Horovod 2018 defaults: HOROVOD_FUSION_THRESHOLD 64 MB, HOROVOD_CYCLE_TIME 5 ms.
-    "horovod": Framework("horovod", 64 * 2**20, cycle_s=5e-3, note="Horovod tensor fusion"),
+    # Horovod 2018 defaults: HOROVOD_FUSION_THRESHOLD 64 MB, HOROVOD_CYCLE_TIME 5 ms, and
+    # the coordinator's negotiation every cycle (ringtrain.plan.coordination). Its control
+    # messages are MPI over kernel TCP even on RDMA hosts (Horovod's documented mpirun
+    # line has '-mca btl ^openib'): 30 us each, the TCP alpha of ringtrain.plan.network.
+    # Rank 0's cost per other rank, 2 us, is assumed: the order of the CPU cost of taking
+    # one small message off a TCP socket plus parsing a few-entry request list. The
+    # validation barely depends on it: 0 to 5 us, refitting the straggler spread each
+    # time, moves no row by more than 1.1 points.
+    "horovod": Framework("horovod", 64 * 2**20, cycle_s=5e-3, control_alpha_s=30e-6,
+                         coordinator_per_rank_s=2e-6, note="Horovod 2018: negotiation, tensor fusion"),
     # TensorFlow (parameter servers) and Caffe2 (Goyal et al.): one exchange per gradient
     # tensor as soon as it is ready, no fusion.
     "per-tensor": Framework("per-tensor", 0.0, note="an exchange per gradient tensor, no fusion"),
+    # TensorFlow's parameter servers over gRPC, 2016-17: one server process moved about
+    # 0.9 GB/s, far below a 25 Gbit NIC, because gRPC's copies and framing were CPU-bound
+    # (tensorflow/tensorflow#6116: 0.9 GB/s for one ps process vs 20 GB/s in-process on a
+    # Xeon E5-2630 v3; sharding over 8 ps processes on one host reached 2.6 GB/s).
+    "tf-grpc": Framework("tf-grpc", 0.0, transport_bw=0.9e9,
+                         note="TensorFlow parameter servers over gRPC (2017)"),
     # A single flat allreduce of every gradient after backward (the simplest loop).
     "flat": Framework("flat", math.inf, overlap=False, note="one allreduce after backward"),
 }
@@ -220,30 +249,58 @@ def _timeline(sc: Scenario, gpus: int) -> _Timeline:
 
 
 def _buckets(sc: Scenario, tl: _Timeline, cost: Callable[[float], float]) -> tuple[float, float, int]:
-    """Run the buckets through one channel; return (end of last exchange, busy time, count)."""
+    """Static buckets through one channel; return (end of last exchange, busy time, count)."""
     fw = sc.framework
     sizes, ready = tl.sizes, tl.ready
     free, busy, count, i, n = 0.0, 0.0, 0, 0, len(sizes)
     while i < n:
         cap = fw.bucket_bytes
-        if fw.cycle_s > 0:  # dynamic fusion: wake on a cycle tick once something is ready
-            start = max(free, ready[i])
-            start = math.ceil(start / fw.cycle_s - 1e-9) * fw.cycle_s
-            size, j = 0.0, i
-            while j < n and ready[j] <= start and (j == i or size + sizes[j] <= cap):
-                size += sizes[j]
-                j += 1
-        else:  # static buckets in ready order
-            if count == 0 and fw.first_bucket_bytes is not None:
-                cap = fw.first_bucket_bytes
-            size, j = sizes[i], i + 1
-            while j < n and size + sizes[j] <= cap:
-                size += sizes[j]
-                j += 1
-            start = max(free, ready[j - 1])
+        if count == 0 and fw.first_bucket_bytes is not None:
+            cap = fw.first_bucket_bytes
+        size, j = sizes[i], i + 1
+        while j < n and size + sizes[j] <= cap:
+            size += sizes[j]
+            j += 1
+        start = max(free, ready[j - 1])
         took = cost(size)
         free, busy, count, i = start + took, busy + took, count + 1, j
     return free, busy, count
+
+
+def _cycles(
+    sc: Scenario, tl: _Timeline, cost: Callable[[float], float], negotiation: float,
+) -> tuple[float, float, int]:
+    """Horovod's background loop; return (end of last exchange, busy time, count).
+
+    A cycle starts ``cycle_s`` after the previous one started, or as soon as that
+    one's work is over if it took longer. It takes every tensor ready at its start,
+    spends ``negotiation`` agreeing on them, then runs them as fused collectives of
+    at most ``bucket_bytes`` (a bigger tensor goes alone), one after another.
+    """
+    fw = sc.framework
+    sizes, ready = tl.sizes, tl.ready
+    busy, count, i, n = 0.0, 0, 0, len(sizes)
+    start, end = 0.0, 0.0
+    while i < n:
+        if ready[i] > start:
+            # Idle cycles (a negotiation with nothing to agree on) until the tensor is
+            # ready: cycles keep the cycle_s rhythm while idle, unless the negotiation
+            # alone is longer.
+            period = max(fw.cycle_s, negotiation)
+            start += math.ceil((ready[i] - start) / period - 1e-9) * period
+        end = start + negotiation
+        last = i
+        while last < n and ready[last] <= start + 1e-12:
+            last += 1
+        while i < last:
+            size, j = sizes[i], i + 1
+            while j < last and size + sizes[j] <= fw.bucket_bytes:
+                size += sizes[j]
+                j += 1
+            took = cost(size)
+            end, busy, count, i = end + took, busy + took, count + 1, j
+        start = max(start + fw.cycle_s, end)
+    return end, busy, count
 
 
 def _parameter_servers(sc: Scenario, gpus: int, tl: _Timeline) -> tuple[float, float, int]:
@@ -273,7 +330,10 @@ def _parameter_servers(sc: Scenario, gpus: int, tl: _Timeline) -> tuple[float, f
     per_server = [0.0] * shards  # one direction; the other runs at the same time
     period = tl.backward_end
     for i in range(n):  # backward order
-        took = ps_one_way(tl.sizes[i], gpus, topo, colocated=sc.ps_colocated, per_host=sc.ps_per_host)
+        took = ps_one_way(
+            tl.sizes[i], gpus, topo, colocated=sc.ps_colocated, per_host=sc.ps_per_host,
+            transport_bw=sc.framework.transport_bw,
+        )
         s = server[i]
         inbound[s] = max(inbound[s], tl.ready[i]) + took
         outbound[s] = max(outbound[s], inbound[s]) + took
@@ -287,7 +347,10 @@ def _parameter_servers(sc: Scenario, gpus: int, tl: _Timeline) -> tuple[float, f
         local = min(sum(load[s] for s in range(shards) if s % hosts == h) for h in range(hosts))
         remote = total - local if sc.ps_colocated else total
         senders = 1 if sc.ps_per_host else topo.local(gpus)
-        nic = topo.inter.alpha_s + senders * remote / topo.inter.bandwidth
+        bw = topo.inter.bandwidth
+        if sc.framework.transport_bw is not None:
+            bw = min(bw, sc.framework.transport_bw)
+        nic = topo.inter.alpha_s + senders * remote / bw
         period, busy = max(period, nic), max(busy, nic)
     return period, busy, n
 
@@ -311,7 +374,12 @@ def simulate(sc: Scenario, gpus: int, baseline_gpus: int = 1) -> StepBreakdown:
         def cost(m: float) -> float:
             return allreduce_time(sc.strategy, m, gpus, sc.topology, inter=sc.inter)
 
-        end, busy, count = _buckets(sc, tl, cost)
+        if sc.framework.cycle_s > 0:
+            fw = sc.framework
+            negotiation = negotiation_s(gpus, fw.control_alpha_s, fw.coordinator_per_rank_s)
+            end, busy, count = _cycles(sc, tl, cost, negotiation)
+        else:
+            end, busy, count = _buckets(sc, tl, cost)
     step = max(backward_end, end)
     if baseline_gpus == 1:
         base = sc.compute_s

@@ -89,6 +89,13 @@ def test_ps_one_way_skips_the_local_gpus() -> None:
     assert ps_one_way(M, 16, t, colocated=False) == pytest.approx(A + 16 * M / 1e9)
 
 
+def test_a_cpu_bound_transport_caps_the_server_link() -> None:
+    # TensorFlow's gRPC of 2016-17: about 0.9 GB/s per process whatever the NIC (here 1 GB/s).
+    t = _topo()
+    assert ps_one_way(M, 16, t, per_host=True, transport_bw=0.5e9) == pytest.approx(A + 3 * M / 0.5e9)
+    assert ps_one_way(M, 16, t, per_host=True, transport_bw=5e9) == ps_one_way(M, 16, t, per_host=True)
+
+
 def test_strategy_names() -> None:
     assert check_strategy("Tree") == "hd"
     assert check_strategy("ring") == "ring"

@@ -115,6 +115,13 @@ def test_summing_per_host_before_pushing_relieves_the_servers() -> None:
     assert simulate(per_host, 128).step_s < 0.6 * simulate(per_gpu, 128).step_s
 
 
+def test_a_cpu_bound_transport_slows_the_servers() -> None:
+    nic = _scenario("inception_v3", strategy="ps", ps_per_host=True, framework=FRAMEWORKS["per-tensor"])
+    grpc = replace(nic, framework=FRAMEWORKS["tf-grpc"])
+    assert simulate(grpc, 128).step_s > simulate(nic, 128).step_s
+    assert simulate(grpc, 1).step_s == simulate(nic, 1).step_s
+
+
 def test_stragglers_grow_slowly_with_n() -> None:
     assert straggler_factor(1, 0.05) == 1.0
     # Exact expected maxima of n standard normals: 0.5642 (n=2), 2.5076 (n=100), 3.0367 (n=500).
