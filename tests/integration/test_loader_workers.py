@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import logging
+import os
+import signal
+import threading
 import time
 from typing import Any
 
@@ -263,3 +266,53 @@ def test_next_epoch_loads_while_this_one_ends() -> None:
         slots = loader._feed.slots
         assert slots is not None and len(slots.slots) <= slots.max_slots
         assert not loader._feed.refs or len(loader._feed.refs) <= 4
+
+
+def _helper_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "ringtrain-loader-helper"]
+
+
+@pytest.mark.timeout(60)
+def test_helper_thread_wraps_batches_during_the_step() -> None:
+    # A loop that "computes" (sleeps, as a device step leaves the CPU free) finds most
+    # batches already wrapped by the helper; what it gets is still exactly the data.
+    ds = Indexed(1200)
+    with _loader(ds, batch_size=50) as loader:
+        seen = []
+        for x, i in loader:
+            time.sleep(0.03)
+            assert torch.equal(x, torch.from_numpy(ds.x[i.numpy()]))
+            seen += i.tolist()
+        assert sorted(seen) == list(range(len(ds)))
+        assert loader.ahead_batches >= len(loader) // 2
+        assert loader.stats()["ahead_batches"] == loader.ahead_batches
+        assert len(_helper_threads()) == 1
+    assert not _helper_threads()  # close() stops it
+
+
+class DiesAt(Indexed):
+    def __init__(self, n: int, at: int) -> None:
+        super().__init__(n)
+        self.at = at
+
+    def __getitem__(self, i: int) -> tuple[np.ndarray, int]:
+        if i == self.at and get_worker_info() is not None:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return super().__getitem__(i)
+
+
+@pytest.mark.timeout(60)
+def test_a_worker_death_seen_by_the_helper_is_raised_by_the_loop() -> None:
+    from ringtrain.errors import WorkerDiedError
+
+    with _loader(DiesAt(2000, at=1500), batch_size=50, shuffle=False) as loader:
+        got = 0
+        with pytest.raises(WorkerDiedError, match="killed by SIGKILL"):
+            for _ in loader:
+                time.sleep(0.02)  # the helper, not the loop, is the one to see it first
+                got += 1
+        assert got < 1500 // 50
+        assert not _helper_threads()
+        # a new iteration starts fresh workers and a fresh helper
+        loader.dataset.at = -1
+        assert len(_take(loader)) == len(loader)

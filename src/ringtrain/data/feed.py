@@ -18,14 +18,17 @@ Everything that must be released at exit lives here, apart from the loader, so a
 from __future__ import annotations
 
 import logging
+import threading
 import time
 import weakref
+from collections import deque
 from collections.abc import Callable
 from functools import partial
 from typing import Any
 
 import numpy as np
 
+from ringtrain.data.ahead import Helper
 from ringtrain.data.collate import unpack
 from ringtrain.data.order import EpochPlan
 from ringtrain.data.prefetch import DeviceStager
@@ -39,6 +42,10 @@ log = logging.getLogger("ringtrain.data")
 
 # Per-worker queue depth when a batch is at most this big (see WorkerFeed.prefetch).
 _SMALL_BATCH = 8 << 20
+
+# Batches the helper thread wraps ahead of the loop (CPU delivery): two absorb a step
+# in which no worker happened to answer, one more would only hold another slot.
+_AHEAD = 2
 
 
 class WorkerFeed:
@@ -58,6 +65,7 @@ class WorkerFeed:
         self.describe: Callable[[int], str] = lambda k: f"batch {k}"
         self.copied_batches = 0
         self.fallback_batches = 0
+        self.ahead_batches = 0  # batches the helper thread had wrapped before the loop asked
         # The current plan owns task seqs [seq_base, seq_base + num_batches); older seqs
         # are stale. The next epoch's plan, when known, is loaded into the seqs after it.
         self._plan: EpochPlan | None = None
@@ -67,6 +75,12 @@ class WorkerFeed:
         self._next_plan: EpochPlan | None = None
         self._next_dispatched = 0
         self._ready: dict[int, tuple] = {}
+        # CPU delivery: batches wrapped ahead by the helper thread, (batch index, batch).
+        # Every use of the feed's state from here on holds _lock (see ringtrain.data.ahead).
+        self._lock = threading.Lock()
+        self._built: deque[tuple[int, Any]] = deque()
+        self._build_k = 0  # the batch of the plan the helper wraps next
+        self._helper = Helper(self._lock, self._helper_fds, self._help)
 
     # ---- sizes -------------------------------------------------------------------------
     @property
@@ -91,6 +105,13 @@ class WorkerFeed:
     # ---- lifecycle ---------------------------------------------------------------------
     def start(self, num_workers: int) -> None:
         """Make sure ``num_workers`` workers run (after a failure: fresh ones)."""
+        # No helper thread while worker processes are forked: a fork copies only the
+        # forking thread, and locks another thread holds would stay locked in the child.
+        self._helper.stop()
+        with self._lock:
+            self._start(num_workers)
+
+    def _start(self, num_workers: int) -> None:
         self.num_workers = num_workers
         if self.pool is not None and not self.pool.closed:
             self.pool.resize(num_workers)
@@ -105,6 +126,10 @@ class WorkerFeed:
         self._resize_queues()
 
     def begin(self, plan: EpochPlan, next_plan: EpochPlan | None = None) -> None:
+        with self._lock:
+            self._begin(plan, next_plan)
+
+    def _begin(self, plan: EpochPlan, next_plan: EpochPlan | None) -> None:
         """Deliver ``plan``'s batches from now on; ``next_plan`` is the likely next epoch.
 
         Batches of ``next_plan`` are loaded once every batch of ``plan`` has been
@@ -119,13 +144,15 @@ class WorkerFeed:
             self._plan_id += 1
             self._dispatched = self._next_dispatched
         else:
-            self.abandon()
+            self._abandon()
             self._plan_id += 2  # never reuse the id a dropped next plan had
             self._dispatched = 0
         self._plan = plan
         self._next_plan, self._next_dispatched = next_plan, 0
         self._seq_top = max(self._seq_top, self._seq_base + plan.num_batches)
         self._taken = 0
+        self._built.clear()
+        self._build_k = 0
 
     def _drop_ready(self, stale: Callable[[int], bool]) -> None:
         for seq in [seq for seq in self._ready if stale(seq)]:
@@ -137,6 +164,11 @@ class WorkerFeed:
 
     def abandon(self) -> None:
         """Forget undelivered batches; results still in flight are dropped on arrival."""
+        with self._lock:
+            self._abandon()
+
+    def _abandon(self) -> None:
+        self._built.clear()
         self._drop_ready(lambda seq: True)
         self._seq_base = self._seq_top  # everything dispatched so far is stale now
         self._plan = self._next_plan = None
@@ -144,6 +176,8 @@ class WorkerFeed:
 
     def fail(self) -> None:
         """After an error or Ctrl-C: stop the workers at once, nothing left behind."""
+        self._helper.stop()  # first, and without the lock: the helper may be waiting for it
+        self._built.clear()
         self._ready.clear()
         self._seq_base = self._seq_top
         self._plan = self._next_plan = None
@@ -161,6 +195,8 @@ class WorkerFeed:
 
     def close(self) -> None:
         """Stop the workers and free the slots (the loader's finalizer)."""
+        self._helper.stop()
+        self._built.clear()
         self._ready.clear()
         if self.stager is not None:
             try:
@@ -229,6 +265,47 @@ class WorkerFeed:
         self._taken = k + 1
         self._dispatch()  # refill before the loop computes on this batch
         return msg
+
+    def next_batch(self, k: int, timeout: float | None) -> Any:
+        """Batch ``k`` of the plan for a loop on the CPU: wrapped ahead by the helper
+        thread when it was ready in time, else received and wrapped here."""
+        with self._lock:
+            if self._helper.error is not None:
+                raise self._helper.error
+            if self._built and self._built[0][0] == k:
+                batch = self._built.popleft()[1]
+                self.ahead_batches += 1
+            else:
+                self._built.clear()
+                batch = self.host_batch(self.take(k, timeout), device=False)[0]
+                self._build_k = k + 1
+        self._helper.start()
+        return batch
+
+    def _helper_fds(self) -> list[int]:
+        pool = self.pool
+        if pool is None or pool.closed:
+            return []
+        return [fd for w in pool.workers for fd in (w.conn.fileno(), w.proc.sentinel)]
+
+    def _help(self) -> None:
+        """On the helper thread, under the lock: take what the workers sent, refill them,
+        wrap the next batches if they are in. Errors are left for the loop to raise."""
+        pool, plan = self.pool, self._plan
+        if pool is None or pool.closed or plan is None or self.slots is None:
+            return
+        for msg in pool.poll(0):
+            self._accept(msg)
+        while len(self._built) < _AHEAD and self._build_k < plan.num_batches:
+            k = self._build_k
+            answer = self._ready.get(self._seq_base + k)
+            if answer is None or answer[0] == ERR:
+                break
+            del self._ready[self._seq_base + k]
+            self._taken = k + 1
+            self._built.append((k, self.host_batch(answer, device=False)[0]))
+            self._build_k = k + 1
+        self._dispatch()
 
     def _next_task(self) -> tuple[EpochPlan, int, int, int] | None:
         """(plan, plan id, batch, seq) of the next batch to load, if the window allows."""
@@ -315,7 +392,8 @@ class WorkerFeed:
         raw = slot.fresh_array()
         if device:  # the stager copies it, then releases the slot after the copy event
             return unpack(msg[3], raw), slot.pinned, partial(slots.release, slot.id)
-        if not self._zero_copy or len(self.refs) >= self._keep:
+        # Batches wrapped ahead are not held by the loop (yet): they do not count.
+        if not self._zero_copy or len(self.refs) - len(self._built) >= self._keep:
             batch = unpack(msg[3], raw, copy=True)
             slots.release(slot.id)
             self.copied_batches += 1

@@ -322,9 +322,16 @@ class Loader:
         """Batches that did not fit a slot and travelled as bytes (slot sizing, growth)."""
         return self._feed.fallback_batches
 
+    @property
+    def ahead_batches(self) -> int:
+        """Batches the loader's helper thread had received and wrapped before the loop
+        asked for them (so ``next()`` only handed them over)."""
+        return self._feed.ahead_batches
+
     def stats(self) -> dict[str, Any]:
         """Counters for logging and the step meter."""
         return {"num_workers": self.num_workers, "batches": self.batches_yielded,
+                "ahead_batches": self.ahead_batches,
                 "last_wait_s": self.last_wait_s, "total_wait_s": self.total_wait_s,
                 "last_h2d_s": self.last_h2d_s, "total_h2d_s": self.total_h2d_s,
                 "copied_batches": self.copied_batches,
@@ -380,8 +387,7 @@ class Loader:
             if self._cuda:
                 batch = self._next_device()
             elif self.num_workers > 0:
-                msg = self._feed.take(self._yielded, self.timeout)
-                batch = self._feed.host_batch(msg, device=False)[0]
+                batch = self._feed.next_batch(self._yielded, self.timeout)
             else:
                 batch = self._load_here(self._yielded, pinned=False)
         except BaseException:

@@ -24,10 +24,11 @@ Example::
 from __future__ import annotations
 
 from ringtrain.plan.cost import STRATEGIES, allreduce_time
-from ringtrain.plan.layers import Layer, from_module, from_param_count
+from ringtrain.plan.layers import DEFAULT_CUSTOM_LAYERS, Layer, from_module, from_param_count
 from ringtrain.plan.models import MODELS, model_layers, step_time
 from ringtrain.plan.network import INTRA_LINKS, LINKS, Link, Topology, intra_link, link
 from ringtrain.plan.simulate import (
+    DEFAULT_BACKWARD_FRACTION,
     DEFAULT_JITTER_CV,
     FRAMEWORKS,
     Framework,
@@ -43,6 +44,7 @@ __all__ = [
     "Layer",
     "from_module",
     "from_param_count",
+    "DEFAULT_CUSTOM_LAYERS",
     "MODELS",
     "model_layers",
     "step_time",
@@ -52,6 +54,7 @@ __all__ = [
     "Topology",
     "intra_link",
     "link",
+    "DEFAULT_BACKWARD_FRACTION",
     "DEFAULT_JITTER_CV",
     "FRAMEWORKS",
     "Framework",

@@ -5,6 +5,7 @@ Examples::
     ringtrain plan --model resnet50 --gpus 8,16,...,512 --gpus-per-host 4 --network 25gbit
     ringtrain plan --model vgg16 --strategy ring,hierarchical,ps --network 100gbit --plot vgg.png
     ringtrain plan --model custom --params 300M --step-ms 370 --gpus 8,40 --gpus-per-host 8
+    ringtrain plan --model custom --params 300M --layers 1 --step-ms 370   # no overlap at all
     ringtrain plan --model custom --module torchvision.models:resnet18 --input-shape 3,224,224 --step-ms 60
     ringtrain plan --validate        # the published results and the planner's predictions
     ringtrain plan --calibrate       # fit alpha and B of loopback Gloo, check a real step
@@ -26,11 +27,18 @@ from typing import Any, NoReturn
 
 from ringtrain.errors import ConfigError, RingtrainError
 from ringtrain.plan.cost import STRATEGIES, check_strategy
-from ringtrain.plan.layers import Layer, from_module, from_param_count
+from ringtrain.plan.layers import DEFAULT_CUSTOM_LAYERS, Layer, from_module, from_param_count
 from ringtrain.plan.models import MODELS, canonical_model, model_layers, step_time
 from ringtrain.plan.network import INTRA_LINKS, LINKS, Topology, intra_link, link
 from ringtrain.plan.report import format_header, format_scaling, scaling_json
-from ringtrain.plan.simulate import DEFAULT_JITTER_CV, FRAMEWORKS, Scenario, StepBreakdown, scaling
+from ringtrain.plan.simulate import (
+    DEFAULT_BACKWARD_FRACTION,
+    DEFAULT_JITTER_CV,
+    FRAMEWORKS,
+    Scenario,
+    StepBreakdown,
+    scaling,
+)
 
 __all__ = ["main", "parse_gpus", "parse_count", "build_parser", "build_scenario"]
 
@@ -110,9 +118,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--model", default="resnet50", help=f"{', '.join(MODELS)} or custom (default resnet50)")
     p.add_argument("--params", help="custom: parameter count, e.g. 300M")
+    p.add_argument("--layers", type=int,
+                   help=f"with --params: equal layers whose gradients become ready uniformly through "
+                        f"backward (default {DEFAULT_CUSTOM_LAYERS}; 1 = no overlap)")
     p.add_argument("--module", help="custom: 'package.module:factory' returning a torch.nn.Module")
     p.add_argument("--input-shape", help="with --module: one sample's shape, e.g. 3,224,224, to count MACs")
     p.add_argument("--step-ms", type=float, help="measured single-GPU step time (overrides the catalogue)")
+    p.add_argument("--backward-fraction", type=float, default=DEFAULT_BACKWARD_FRACTION,
+                   help="share of the single-GPU step spent in backward, while gradients become ready "
+                        f"(default {DEFAULT_BACKWARD_FRACTION:.3f}; 0 = no overlap)")
     p.add_argument("--gpu", default="p100", help="GPU of the catalogue speeds: p100 or v100 (default p100)")
     p.add_argument("--batch", type=int, default=64, help="samples per GPU per step (default 64)")
     p.add_argument("--gpus", default=_DEFAULT_GPUS, help=f"GPU counts (default {_DEFAULT_GPUS})")
@@ -167,13 +181,20 @@ def _module_layers(spec: str, input_shape: str | None) -> list[Layer]:
 
 def build_scenario(args: argparse.Namespace) -> tuple[Scenario, str, str]:
     """The scenario the flags describe, its model's name, and where its step time came from."""
-    if args.model.strip().lower() == "custom":
+    custom = args.model.strip().lower() == "custom"
+    if args.layers is not None and not (custom and args.params and not args.module):
+        raise ConfigError(
+            f"--layers {args.layers} only applies to --model custom --params N; "
+            "catalogue and --module models have their own layers"
+        )
+    if custom:
         if args.module:
             layers = _module_layers(args.module, args.input_shape)
             name = args.module
         elif args.params:
-            layers = from_param_count(parse_count(args.params))
-            name = f"custom ({args.params} parameters)"
+            count = DEFAULT_CUSTOM_LAYERS if args.layers is None else args.layers
+            layers = from_param_count(parse_count(args.params), layers=count)
+            name = f"custom ({args.params} parameters in {len(layers)} equal layers)"
         else:
             raise ConfigError("--model custom needs --params N or --module package.module:factory")
         if args.step_ms is None:
@@ -199,7 +220,7 @@ def build_scenario(args: argparse.Namespace) -> tuple[Scenario, str, str]:
         tuple(layers), compute, topo, "ring", framework,
         wire_bytes=2 if args.compression == "fp16" else 4, ps_shards=args.ps_shards,
         ps_per_host=args.ps_per_host,
-        inter=args.inter, jitter_cv=args.jitter, batch=args.batch,
+        inter=args.inter, backward_fraction=args.backward_fraction, jitter_cv=args.jitter, batch=args.batch,
     )
     return sc, name, source
 

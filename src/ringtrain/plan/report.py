@@ -23,7 +23,8 @@ def format_header(sc: Scenario, model: str, compute_source: str) -> str:
         f"between {topo.inter.name} ({topo.inter.bandwidth / 1e9:.2f} GB/s, "
         f"alpha {topo.inter.alpha_s * 1e6:.0f} us)",
         f"framework {fw.name}: buckets {_mb(fw.bucket_bytes)}, "
-        f"{'overlapped with backward' if fw.overlap else 'after backward'}; "
+        f"{'overlapped with backward' if fw.overlap else 'after backward'} "
+        f"(backward {100 * sc.backward_fraction:.0f}% of the step); "
         f"straggler spread {100 * sc.jitter_cv:.1f}%",
     ])
 
@@ -61,6 +62,7 @@ def scaling_json(results: dict[str, list[StepBreakdown]], sc: Scenario) -> dict[
         "network": sc.topology.inter.name,
         "framework": sc.framework.name,
         "jitter_cv": sc.jitter_cv,
+        "backward_fraction": sc.backward_fraction,
         "strategies": {
             name: [
                 {

@@ -2,12 +2,13 @@
 and how much of their exchange hides behind the rest of backward.
 
 The step of one GPU is forward, then backward from the last layer to the first,
-then the optimizer update. Backward costs ``backward_fraction`` of the step (2/3:
-each layer's backward computes two products, gradient of the input and of the
-weights, each as costly as its forward one; Kaplan et al. 2020 count 2 forward and
-4 backward FLOPs per parameter and token). Each layer's share of backward is its
-share of forward MACs, so a layer's gradients are ready once every layer after it
-has run its backward.
+then the optimizer update. Backward costs ``backward_fraction`` of the step
+(``DEFAULT_BACKWARD_FRACTION``, 2/3: each layer's backward computes two products,
+gradient of the input and of the weights, each as costly as its forward one; Kaplan
+et al. 2020 count 2 forward and 4 backward FLOPs per parameter and token). Each
+layer's share of backward is its share of forward MACs, so a layer's gradients are
+ready once every layer after it has run its backward. A fraction of 0 puts every
+gradient at the end of the step: the no-overlap case.
 
 Ready gradients go into buckets, and buckets go through one communication channel
 in order (one NCCL stream, one Gloo context), each taking the strategy's
@@ -58,6 +59,7 @@ __all__ = [
     "scaling",
     "straggler_factor",
     "DEFAULT_JITTER_CV",
+    "DEFAULT_BACKWARD_FRACTION",
 ]
 
 #: Relative spread (standard deviation / mean) of one GPU's step time. Not a published
@@ -67,6 +69,10 @@ __all__ = [
 #: noise; Horovod's negotiation is modelled on its own). Every other validation row is
 #: predicted with it.
 DEFAULT_JITTER_CV = 0.0425
+
+#: Share of the single-GPU step spent in backward, when gradients become ready: twice
+#: the forward (module docstring), the optimizer update neglected.
+DEFAULT_BACKWARD_FRACTION = 2 / 3
 
 
 @dataclass(frozen=True)
@@ -154,7 +160,8 @@ class Scenario:
     ps_per_host: bool = False
     #: Algorithm across hosts for the hierarchical strategy: "ring" or "hd".
     inter: str = "ring"
-    backward_fraction: float = 2 / 3
+    #: Share of ``compute_s`` spent in backward; 0 puts every gradient at the end.
+    backward_fraction: float = DEFAULT_BACKWARD_FRACTION
     #: Coefficient of variation of one GPU's step time (stragglers); 0 = none.
     jitter_cv: float = DEFAULT_JITTER_CV
     #: Samples per GPU per step, to turn steps into throughput.
@@ -166,8 +173,11 @@ class Scenario:
             raise ConfigError("the model has no layers")
         if self.compute_s <= 0:
             raise ConfigError(f"single-GPU step time must be > 0 s, got {self.compute_s}")
-        if not 0 < self.backward_fraction < 1:
-            raise ConfigError(f"backward fraction must be in (0, 1), got {self.backward_fraction}")
+        if not 0 <= self.backward_fraction < 1:
+            raise ConfigError(
+                f"backward fraction must be >= 0 and < 1, got {self.backward_fraction}; it is the share "
+                f"of the step spent in backward, e.g. --backward-fraction {DEFAULT_BACKWARD_FRACTION:.2f}"
+            )
         if self.wire_bytes not in (2, 4):
             raise ConfigError(f"wire bytes per element must be 4 (fp32) or 2 (fp16), got {self.wire_bytes}")
         if self.inter not in ("ring", "hd"):

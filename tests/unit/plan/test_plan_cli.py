@@ -46,6 +46,9 @@ def test_counts() -> None:
         parse_count("many")
 
 
+_CUSTOM = ["--model", "custom", "--params", "300M", "--step-ms", "370", "--gpus", "1,40", "--gpus-per-host", "8"]
+
+
 @pytest.mark.parametrize(
     ("argv", "needle"),
     [
@@ -62,6 +65,13 @@ def test_counts() -> None:
         (["--no-such-flag"], "unrecognized arguments"),
         (["--module", "no_such_pkg:f", "--model", "custom", "--step-ms", "5"], "cannot import"),
         (["--plot", "/no/such/folder/x.png"], "does not exist"),
+        (_CUSTOM + ["--backward-fraction", "1"], "backward fraction must be >= 0 and < 1, got 1.0"),
+        (_CUSTOM + ["--backward-fraction", "-0.2"], "backward fraction must be >= 0 and < 1, got -0.2"),
+        (_CUSTOM + ["--backward-fraction", "nan"], "backward fraction must be >= 0 and < 1, got nan"),
+        (_CUSTOM + ["--backward-fraction", "most"], "--backward-fraction: invalid float value"),
+        (_CUSTOM + ["--layers", "0"], "layer count of a custom model must be a whole number >= 1, got 0"),
+        (_CUSTOM + ["--layers", "2.5"], "--layers: invalid int value"),
+        (["--model", "vgg16", "--layers", "4"], "--layers 4 only applies to --model custom --params N"),
     ],
 )
 def test_user_errors_are_one_line_and_exit_2(argv: list[str], needle: str, capsys: pytest.CaptureFixture[str]) -> None:
@@ -78,6 +88,18 @@ def test_custom_model_by_size(capsys: pytest.CaptureFixture[str]) -> None:
                "--gpus-per-host", "8", "--network", "ib-fdr", "--framework", "flat"])
     assert rc == 0
     assert "1200 MB of fp32 gradients" in capsys.readouterr().out
+
+
+def test_custom_model_options_reach_the_prediction(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    def exposed_at_40(*extra: str) -> float:
+        js = tmp_path / "plan.json"
+        assert main(_CUSTOM + ["--framework", "per-tensor", "--json", str(js), *extra]) == 0
+        return float(json.loads(js.read_text())["strategies"]["ring"][-1]["exposed_s"])
+
+    default = exposed_at_40()
+    assert "300M parameters in 32 equal layers" in capsys.readouterr().out
+    assert exposed_at_40("--backward-fraction", "0.9") < default < exposed_at_40("--backward-fraction", "0.3")
+    assert exposed_at_40("--layers", "1") > default
 
 
 def test_custom_model_from_a_module(capsys: pytest.CaptureFixture[str]) -> None:

@@ -6,7 +6,14 @@ import pytest
 import torch
 
 from ringtrain.errors import ConfigError
-from ringtrain.plan.layers import Layer, from_module, from_param_count, total_macs, total_params
+from ringtrain.plan.layers import (
+    DEFAULT_CUSTOM_LAYERS,
+    Layer,
+    from_module,
+    from_param_count,
+    total_macs,
+    total_params,
+)
 from ringtrain.plan.models import MODELS, canonical_model, model_layers
 
 
@@ -55,11 +62,25 @@ def test_names_are_normalised_and_unknown_ones_rejected() -> None:
     assert set(MODELS) >= {"resnet50", "resnet101", "inception_v3", "vgg16"}
 
 
-def test_param_count_model_is_one_tensor() -> None:
-    (layer,) = from_param_count(300_000_000)
+def test_param_count_model_is_equal_layers_of_equal_compute() -> None:
+    layers = from_param_count(300_000_001)
+    assert len(layers) == DEFAULT_CUSTOM_LAYERS
+    assert total_params(layers) == 300_000_001
+    assert max(x.params for x in layers) - min(x.params for x in layers) <= 1
+    assert {x.macs for x in layers} == {1.0}
+    assert all(x.tensors == 1 for x in layers)
+
+
+def test_one_layer_is_a_single_tensor_and_tiny_models_get_one_layer_per_parameter() -> None:
+    (layer,) = from_param_count(300_000_000, layers=1)
     assert (layer.params, layer.tensors) == (300_000_000, 1)
-    with pytest.raises(ConfigError):
-        from_param_count(0)
+    assert [x.params for x in from_param_count(3, layers=8)] == [1, 1, 1]
+
+
+@pytest.mark.parametrize(("params", "layers"), [(0, 32), (10, 0), (10, -3)])
+def test_bad_param_count_models_are_config_errors(params: int, layers: int) -> None:
+    with pytest.raises(ConfigError, match="parameter count|layer count"):
+        from_param_count(params, layers=layers)
 
 
 def test_layer_rejects_negative_sizes() -> None:

@@ -58,6 +58,39 @@ def test_vgg_exchange_starts_early_because_its_fc_layers_are_last() -> None:
     assert simulate(vgg, 128).step_s < simulate(uniform, 128).step_s
 
 
+def _custom(backward_fraction: float, framework: str = "per-tensor") -> Scenario:
+    # A model known only by its size: 300M parameters in equal layers, on 5 hosts of 8.
+    return Scenario(tuple(from_param_count(300_000_000)), 0.37, Topology(8, intra_link("pcie3"), link("ib-fdr")),
+                    framework=FRAMEWORKS[framework], backward_fraction=backward_fraction, jitter_cv=0.0)
+
+
+@pytest.mark.parametrize("framework", ["per-tensor", "horovod", "ddp"])
+@pytest.mark.parametrize(("less", "more"), [(0.0, 0.3), (0.3, 2 / 3), (2 / 3, 0.9)])
+def test_custom_model_waits_less_with_a_longer_backward(framework: str, less: float, more: float) -> None:
+    # The same step with more of it in backward: more of the exchange hides behind it.
+    short, long = simulate(_custom(less, framework), 40), simulate(_custom(more, framework), 40)
+    assert long.exposed_s < short.exposed_s
+    assert long.step_s < short.step_s
+
+
+@pytest.mark.parametrize("framework", ["per-tensor", "horovod"])
+def test_custom_model_without_backward_is_the_no_overlap_case(framework: str) -> None:
+    sc = _custom(0.0, framework)
+    no_overlap = replace(sc, framework=replace(sc.framework, overlap=False))
+    got, want = simulate(sc, 40), simulate(no_overlap, 40)
+    assert got.step_s == pytest.approx(want.step_s)
+    assert got.exposed_s == pytest.approx(want.exposed_s)
+    # Nothing hides (Horovod adds its negotiation on top of the busy time).
+    assert got.exposed_s >= got.comm_s * (1 - 1e-9)
+
+
+def test_custom_model_in_equal_layers_overlaps_but_one_tensor_cannot() -> None:
+    layered = _custom(2 / 3)
+    single = replace(layered, layers=tuple(from_param_count(300_000_000, layers=1)))
+    assert simulate(layered, 40).exposed_s < 0.5 * simulate(single, 40).exposed_s
+    assert simulate(single, 40).exposed_s == pytest.approx(simulate(single, 40).comm_s)
+
+
 def test_fp16_halves_the_bytes_and_helps_a_communication_bound_model() -> None:
     fp32, fp16 = _scenario("vgg16"), _scenario("vgg16", wire_bytes=2)
     assert fp16.gradient_bytes == fp32.gradient_bytes / 2
@@ -97,7 +130,8 @@ def test_per_tensor_cost_stretches_backward() -> None:
 
 def test_parameter_server_hot_spot_is_the_largest_tensor() -> None:
     # One big tensor on one server: its link carries it from every remote GPU, both ways.
-    sc = Scenario(tuple(from_param_count(25_000_000)), 0.3, TOPO, "ps", FRAMEWORKS["per-tensor"], jitter_cv=0.0)
+    one = tuple(from_param_count(25_000_000, layers=1))
+    sc = Scenario(one, 0.3, TOPO, "ps", FRAMEWORKS["per-tensor"], jitter_cv=0.0)
     r = simulate(sc, 32)
     one_way = TOPO.inter.alpha_s + 28 * 100e6 / TOPO.inter.bandwidth
     assert r.step_s == pytest.approx(0.3 + 2 * one_way)
@@ -141,7 +175,8 @@ def test_efficiency_relative_to_a_baseline_count() -> None:
 @pytest.mark.parametrize(
     "kw",
     [{"compute_s": 0.0}, {"wire_bytes": 3}, {"inter": "torus"}, {"ps_shards": 0}, {"strategy": "gossip"},
-     {"backward_fraction": 1.0}, {"jitter_cv": -0.1}],
+     {"backward_fraction": 1.0}, {"backward_fraction": -0.1}, {"backward_fraction": float("nan")},
+     {"jitter_cv": -0.1}],
 )
 def test_bad_scenarios_are_config_errors(kw: dict[str, object]) -> None:
     base: dict[str, object] = dict(layers=tuple(from_param_count(10)), compute_s=0.1, topology=TOPO)
