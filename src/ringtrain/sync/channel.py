@@ -141,10 +141,21 @@ class Channel:
         self._execute(job)
 
     def close(self) -> None:
-        """Let the thread finish once its queue is empty (it exits without joining)."""
+        """Let the thread finish its queue, then release the group here.
+
+        The group is dropped in the caller (``rt.shutdown``), while the job's store is
+        still up, so Gloo's threads are joined now. Left to interpreter exit, the group
+        could be destroyed while its threads were still joinable, which aborts the
+        process ("terminate called without an active exception", seen at the end of
+        benchmark runs). A thread stuck on a dead peer is not waited for beyond a bound.
+        """
         with self._cond:
             self._closed = True
             self._cond.notify_all()
+        if threading.current_thread() is not self._thread:
+            self._thread.join(min(5.0, self._timeout.total_seconds()))
+        if not self._thread.is_alive():
+            self._group = None
 
     def _execute(self, item: tuple[Callable[[], Any], Future[Any]]) -> None:
         fn, fut = item
