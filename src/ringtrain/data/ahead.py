@@ -64,6 +64,10 @@ class Helper:
         """Stop the thread and wait for it (call without holding the lock)."""
         thread = self._thread
         self._stop = True
+        if thread is threading.current_thread():
+            # The loader was collected on the helper thread itself (a garbage-collection
+            # pass can run on any thread): it cannot join itself; it exits on its own.
+            return
         if thread is not None:
             self._wake()
             thread.join(10.0)
