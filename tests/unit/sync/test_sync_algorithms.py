@@ -149,3 +149,7 @@ def test_auto_chunks_keeps_pieces_large() -> None:
     assert auto_chunks(1 << 20) == 1
     assert auto_chunks(2 << 20) == 2
     assert auto_chunks(100 << 20) == 4
+    # the ring's floor (2(N-1) rounds per piece)
+    assert auto_chunks(4 << 20, 4 << 20) == 1
+    assert auto_chunks(8 << 20, 4 << 20) == 2
+    assert auto_chunks(64 << 20, 4 << 20) == 4
