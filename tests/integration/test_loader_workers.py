@@ -290,6 +290,21 @@ def test_helper_thread_wraps_batches_during_the_step() -> None:
     assert not _helper_threads()  # close() stops it
 
 
+@pytest.mark.timeout(60)
+def test_helper_thread_rests_in_a_loop_without_steps() -> None:
+    # No time between batches: nothing to hide work behind, so the helper parks and
+    # the loop takes each batch itself (still exactly the data).
+    ds = Indexed(4000)
+    with _loader(ds, batch_size=50) as loader:
+        for epoch in range(2):
+            before = loader.ahead_batches
+            loader.set_epoch(epoch)
+            for x, i in loader:
+                assert torch.equal(x, torch.from_numpy(ds.x[i.numpy()]))
+            assert loader.ahead_batches - before <= 4  # before it noticed, at most
+        assert loader.batches_yielded == 2 * len(loader)
+
+
 class DiesAt(Indexed):
     def __init__(self, n: int, at: int) -> None:
         super().__init__(n)

@@ -15,6 +15,12 @@ as it would without a helper.
 
 The helper and the loop never use the feed at the same time: everything the helper
 does runs under the feed's lock, which the loop takes too.
+
+In a loop with no step between batches (only counting samples, say) the loop always
+waits for the workers itself and the helper could only wake for answers the loop is
+already waiting for: that costs CPU (measured: the training process's share per image
+rose from 0.8 to 1.3 us) and buys nothing. The feed then *parks* the helper: it sleeps
+without watching the workers until the loop takes time between batches again.
 """
 
 from __future__ import annotations
@@ -40,6 +46,8 @@ class Helper:
         self._work = work
         self._thread: threading.Thread | None = None
         self._stop = False
+        self._parked = False
+        self._park_cond = threading.Condition()
         self._wake_r = self._wake_w = -1
         #: What ``work()`` raised; the helper stopped there and the loop re-raises it.
         self.error: BaseException | None = None
@@ -48,8 +56,22 @@ class Helper:
     def running(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
+    @property
+    def parked(self) -> bool:
+        return self._parked
+
+    def park(self) -> None:
+        """Stop watching the workers until :meth:`start` (the thread notices at its next
+        wake-up, so parking costs the caller nothing)."""
+        self._parked = True
+
     def start(self) -> None:
-        """Start the thread unless it runs (or stopped on an error, kept for the loop)."""
+        """Start (or unpark) the thread unless it runs (or stopped on an error, kept for
+        the loop)."""
+        if self._parked:
+            with self._park_cond:
+                self._parked = False
+                self._park_cond.notify_all()
         if self.running or self.error is not None:
             return
         self._stop = False
@@ -64,6 +86,8 @@ class Helper:
         """Stop the thread and wait for it (call without holding the lock)."""
         thread = self._thread
         self._stop = True
+        with self._park_cond:
+            self._park_cond.notify_all()
         if thread is threading.current_thread():
             # The loader was collected on the helper thread itself (a garbage-collection
             # pass can run on any thread): it cannot join itself; it exits on its own.
@@ -89,6 +113,11 @@ class Helper:
     def _run(self) -> None:
         wake = self._wake_r
         while not self._stop:
+            if self._parked:
+                with self._park_cond:
+                    while self._parked and not self._stop:
+                        self._park_cond.wait()
+                continue
             # Readiness only: the answers are read under the lock, by work().
             poller = select.poll()
             poller.register(wake, select.POLLIN)

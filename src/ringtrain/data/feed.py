@@ -46,6 +46,9 @@ _SMALL_BATCH = 8 << 20
 # Batches the helper thread wraps ahead of the loop (CPU delivery): two absorb a step
 # in which no worker happened to answer, one more would only hold another slot.
 _AHEAD = 2
+# The helper only runs while the loop spends at least this long between batches: below
+# it there is no step to hide the work behind (see ringtrain.data.ahead).
+_HELPER_MIN_STEP_S = 0.001
 
 
 class WorkerFeed:
@@ -266,9 +269,10 @@ class WorkerFeed:
         self._dispatch()  # refill before the loop computes on this batch
         return msg
 
-    def next_batch(self, k: int, timeout: float | None) -> Any:
+    def next_batch(self, k: int, timeout: float | None, loop_s: float | None = None) -> Any:
         """Batch ``k`` of the plan for a loop on the CPU: wrapped ahead by the helper
-        thread when it was ready in time, else received and wrapped here."""
+        thread when it was ready in time, else received and wrapped here. ``loop_s``:
+        how long the loop spent since the previous batch (None: unknown)."""
         with self._lock:
             if self._helper.error is not None:
                 raise self._helper.error
@@ -279,7 +283,10 @@ class WorkerFeed:
                 self._built.clear()
                 batch = self.host_batch(self.take(k, timeout), device=False)[0]
                 self._build_k = k + 1
-        self._helper.start()
+        if loop_s is not None and loop_s < _HELPER_MIN_STEP_S:
+            self._helper.park()
+        else:
+            self._helper.start()
         return batch
 
     def _helper_fds(self) -> list[int]:

@@ -387,7 +387,8 @@ class Loader:
             if self._cuda:
                 batch = self._next_device()
             elif self.num_workers > 0:
-                batch = self._feed.next_batch(self._yielded, self.timeout)
+                loop_s = None if self._gap_from is None else t0 - self._gap_from
+                batch = self._feed.next_batch(self._yielded, self.timeout, loop_s)
             else:
                 batch = self._load_here(self._yielded, pinned=False)
         except BaseException:

@@ -94,3 +94,21 @@ def test_stop_from_the_helper_thread_itself_does_not_join_itself(pipe: tuple[int
     assert done.wait(5)
     assert _until(lambda: not helper.running)
     assert helper.error is None
+
+
+@pytest.mark.timeout(30)
+def test_a_parked_helper_ignores_the_workers_until_started_again(pipe: tuple[int, int]) -> None:
+    r, w = pipe
+    got: list[bytes] = []
+    helper = Helper(threading.Lock(), lambda: [r], lambda: got.append(os.read(r, 100)))
+    helper.start()
+    helper.park()
+    os.write(w, b"a")  # wakes it once: it notices the park and sleeps without reading
+    time.sleep(0.1)
+    os.write(w, b"b")
+    time.sleep(0.1)
+    assert b"".join(got) in (b"", b"a")  # at most the wake-up that found it parked
+    helper.start()  # unpark
+    assert _until(lambda: b"".join(got) == b"ab")
+    helper.stop()
+    assert not helper.running
