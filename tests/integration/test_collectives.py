@@ -37,6 +37,8 @@ def _collectives() -> dict[str, object]:
     splits = [k + 1 for k in range(n)]  # send k+1 rows to rank k
     out["alltoall_uneven"] = rt.alltoall(torch.full((sum(splits),), float(r)), splits=splits)
     out["reducescatter"] = rt.reducescatter(torch.arange(2.0 * n + 1) * (r + 1), op=rt.Sum)
+    out["reducescatter_avg"] = rt.reducescatter(torch.full((n + 1, 3), float(r)))
+    out["reducescatter_max"] = rt.reducescatter(torch.arange(n) * 10 + r, op=rt.Max)
     out["bobj"] = rt.broadcast_object({"from": r, "list": [r]}, root_rank=1)
     out["gobj"] = rt.allgather_object(("r", r))
     rt.barrier()
@@ -68,6 +70,9 @@ def test_collectives_match_local_reference(n: int) -> None:
         full = sum(torch.arange(2.0 * n + 1) * (k + 1) for k in range(n))
         start = 2 * r + min(r, 1)  # the first rank gets the extra row
         torch.testing.assert_close(out["reducescatter"], full[start : start + 2 + (1 if r == 0 else 0)])
+        rows = 2 if r == 0 else 1  # n + 1 rows: the first rank gets the extra one
+        torch.testing.assert_close(out["reducescatter_avg"], torch.full((rows, 3), (n - 1) / 2))
+        torch.testing.assert_close(out["reducescatter_max"], torch.tensor([10 * r + n - 1]))
         assert out["bobj"] == {"from": 1, "list": [1]}
         assert out["gobj"] == [("r", k) for k in range(n)]
 
