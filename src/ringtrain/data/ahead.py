@@ -56,10 +56,6 @@ class Helper:
     def running(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
-    @property
-    def parked(self) -> bool:
-        return self._parked
-
     def park(self) -> None:
         """Stop watching the workers until :meth:`start` (the thread notices at its next
         wake-up, so parking costs the caller nothing)."""
@@ -97,6 +93,7 @@ class Helper:
             thread.join(10.0)
             if thread.is_alive():  # work() blocked: never hang the caller
                 log.warning("the loader's helper thread did not stop within 10 s")
+                return  # it may still poll the wake-up pipe: leave that open
             self._thread = None
         for fd in (self._wake_r, self._wake_w):
             if fd >= 0:

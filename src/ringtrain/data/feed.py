@@ -129,10 +129,6 @@ class WorkerFeed:
         self._resize_queues()
 
     def begin(self, plan: EpochPlan, next_plan: EpochPlan | None = None) -> None:
-        with self._lock:
-            self._begin(plan, next_plan)
-
-    def _begin(self, plan: EpochPlan, next_plan: EpochPlan | None) -> None:
         """Deliver ``plan``'s batches from now on; ``next_plan`` is the likely next epoch.
 
         Batches of ``next_plan`` are loaded once every batch of ``plan`` has been
@@ -141,6 +137,10 @@ class WorkerFeed:
         If the next epoch turns out different (``set_epoch`` to another epoch, a
         resume), those batches are dropped.
         """
+        with self._lock:
+            self._begin(plan, next_plan)
+
+    def _begin(self, plan: EpochPlan, next_plan: EpochPlan | None) -> None:
         if self._plan is not None and plan == self._next_plan:
             self._seq_base += self._plan.num_batches  # adopt what was loaded ahead ...
             self._drop_ready(lambda seq: seq < self._seq_base)  # ... drop what is left over
