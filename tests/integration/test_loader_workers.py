@@ -301,7 +301,8 @@ def test_helper_thread_rests_in_a_loop_without_steps() -> None:
             loader.set_epoch(epoch)
             for x, i in loader:
                 assert torch.equal(x, torch.from_numpy(ds.x[i.numpy()]))
-            assert loader.ahead_batches - before <= 4  # before it noticed, at most
+            # a few before it noticed (one wake-up may already be under way), of 80
+            assert loader.ahead_batches - before <= 8
         assert loader.batches_yielded == 2 * len(loader)
 
 
