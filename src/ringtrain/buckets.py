@@ -37,7 +37,7 @@ FIRST_BUCKET_BYTES = 1024 * 1024
 
 
 def plan_buckets(
-    shapes: Sequence[torch.Size],
+    shapes: Sequence[Sequence[int]],
     dtypes: Sequence[torch.dtype],
     devices: Sequence[torch.device],
     bucket_bytes: int,

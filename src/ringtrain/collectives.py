@@ -16,7 +16,7 @@ from typing import Any, Protocol
 import torch
 import torch.distributed as dist
 
-from ringtrain import runtime
+from ringtrain import agreement, runtime
 from ringtrain.errors import CollectiveError, ConfigError
 
 __all__ = [
@@ -175,6 +175,35 @@ def _algorithm(name: str | AllreduceAlgorithm) -> AllreduceAlgorithm:
         ) from None
 
 
+def _op_code(op: ReduceOp) -> int:
+    torch_op(op)  # validates
+    return agreement.op_code(op.value)
+
+
+def _variant(algorithm: str | AllreduceAlgorithm) -> str:
+    """What identifies an allreduce algorithm across ranks (name and options)."""
+    if isinstance(algorithm, str):
+        return algorithm
+    sig = getattr(algorithm, "signature", None)
+    if callable(sig):
+        return " ".join(f"{k}={v}" for k, v in sorted(sig().items()))
+    return str(getattr(algorithm, "__qualname__", type(algorithm).__qualname__))
+
+
+def _agree(kind: str, tensor: torch.Tensor, name: str | None, **fields: Any) -> list[agreement.Header]:
+    """Compare what every rank submits (see :mod:`ringtrain.agreement`)."""
+    w = runtime.world()
+    if w.env.size == 1:
+        return []
+    device = runtime.device() if w.backend == "nccl" else None
+    try:
+        return agreement.agree(kind, tensor, w.env.size, name, device=device, **fields)
+    except RuntimeError as exc:
+        if isinstance(exc, CollectiveError):
+            raise
+        raise _fail(kind, name, tensor, exc) from exc
+
+
 def barrier() -> None:
     runtime.world()
     dist.barrier()
@@ -187,7 +216,11 @@ def allreduce_async_(
     algorithm: str | AllreduceAlgorithm = "native",
 ) -> Handle:
     runtime.world()
-    return _algorithm(algorithm)(tensor, op, name)
+    fn = _algorithm(algorithm)
+    label = _variant(algorithm)
+    _agree("allreduce", tensor, name, op=_op_code(op), variant=agreement.variant_code(label),
+           variant_label=label)
+    return fn(tensor, op, name)
 
 
 def allreduce_async(
@@ -227,10 +260,9 @@ def allgather(tensor: torch.Tensor, name: str | None = None) -> torch.Tensor:
     t = staged(tensor.detach().contiguous())
     if t.dim() == 0:
         t = t.reshape(1)
+    headers = _agree("allgather", t, name)
+    sizes = [h.shape[0] if h.shape else 0 for h in headers] if headers else [t.shape[0]]
     try:
-        sizes_t = torch.zeros(n, dtype=torch.int64, device=t.device)
-        _all_gather_single(sizes_t, torch.tensor([t.shape[0]], dtype=torch.int64, device=t.device))
-        sizes = [int(s) for s in sizes_t.tolist()]
         longest = max(sizes)
         if t.shape[0] < longest:
             pad = torch.zeros((longest - t.shape[0], *t.shape[1:]), dtype=t.dtype, device=t.device)
@@ -244,8 +276,13 @@ def allgather(tensor: torch.Tensor, name: str | None = None) -> torch.Tensor:
 
 def broadcast_(tensor: torch.Tensor, root_rank: int = 0, name: str | None = None) -> torch.Tensor:
     n = runtime.size()
-    if not 0 <= root_rank < n:
-        raise ConfigError(f"root_rank {root_rank} is outside the world of size {n}")
+    problem = None
+    if not (isinstance(root_rank, int) and 0 <= root_rank < n):
+        problem = f"root_rank {root_rank} is outside the world of size {n}"
+        if n == 1:
+            raise ConfigError(problem)
+        root_rank = 0
+    _agree("broadcast", tensor, name, root=root_rank, problem=problem)
     comm = staged(tensor)
     try:
         dist.broadcast(comm, src=root_rank)
@@ -273,16 +310,17 @@ def alltoall(
     n = runtime.size()
     t = staged(tensor.detach().contiguous())
     send = list(splits) if splits is not None else _even_splits(t.shape[0], n)
+    problem = None
     if len(send) != n or any(s < 0 for s in send) or sum(send) != t.shape[0]:
-        raise ConfigError(
-            f"alltoall splits {send} must be {n} non-negative numbers summing to the "
-            f"first dimension {t.shape[0]}"
-        )
+        problem = (f"alltoall splits {send} must be {n} non-negative numbers summing to the "
+                   f"first dimension {t.shape[0]}")
+        if n == 1:
+            raise ConfigError(problem)
+        send = [0] * n
+    headers = _agree("alltoall", t, name, extra=send, problem=problem)
+    me = runtime.rank()
+    recv = [h.extra[me] for h in headers] if headers else list(send)
     try:
-        send_t = torch.tensor(send, dtype=torch.int64, device=t.device)
-        recv_t = torch.empty_like(send_t)
-        dist.all_to_all_single(recv_t, send_t)
-        recv = [int(r) for r in recv_t.tolist()]
         out = torch.empty((sum(recv), *t.shape[1:]), dtype=t.dtype, device=t.device)
         dist.all_to_all_single(out, t, output_split_sizes=recv, input_split_sizes=send)
     except RuntimeError as exc:
@@ -296,8 +334,13 @@ def reducescatter(tensor: torch.Tensor, op: ReduceOp = Average, name: str | None
     link, half of what an allreduce would move."""
     n, r = runtime.size(), runtime.rank()
     t = tensor.detach()
+    problem = None
     if t.dim() == 0:
-        raise ConfigError(f"reducescatter splits dim 0, but {_describe(name, tensor)} is a scalar")
+        problem = f"reducescatter splits dim 0, but {_describe(name, tensor)} is a scalar"
+        if n == 1:
+            raise ConfigError(problem)
+        t = t.reshape(1)
+    _agree("reducescatter", t, name, op=_op_code(op), problem=problem)
     splits = _even_splits(t.shape[0], n)
     comm = staged(t.contiguous())
     parts = list(torch.split(comm, splits))

@@ -1,18 +1,34 @@
-"""DistributedOptimizer: wrap any torch optimizer so gradients are averaged across ranks.
+"""DistributedOptimizer: wrap any torch optimizer so gradients are combined across ranks.
+
+Semantics are Horovod's (``horovod.torch.DistributedOptimizer``), so scripts written
+for it train the same:
+
+- ``backward_passes_per_step=k``: the k local passes are *summed* (autograd accumulates
+  into ``.grad``), then combined across ranks; ``op=Average`` divides by ``size()``
+  only. A script that wants the mean over passes divides its loss by k.
+- The wrapper is an instance of the wrapped optimizer's own class (``isinstance(opt,
+  torch.optim.SGD)`` holds) and has no state of its own: ``param_groups``, ``state``
+  and ``defaults`` *are* the wrapped optimizer's, whatever replaces them later
+  (``load_state_dict``, ``broadcast_optimizer_state``), so a learning rate set through
+  either object reaches the update on every rank.
 
 How a step flows:
 
 1. ``backward()`` accumulates a parameter's gradient, then its post-accumulate hook
    counts the pass. On the ``backward_passes_per_step``-th pass the parameter is ready.
-2. When every parameter of a fusion bucket is ready, the bucket's gradients are packed
-   (scaled by 1/(passes*size) for ``Average``) into its flat buffer, reused across steps,
-   and an asynchronous allreduce starts while backward goes on. Without compression each
-   ``.grad`` becomes a view of that buffer (as DDP's ``gradient_as_bucket_view``), so
-   the exchange reduces ``.grad`` in place: read gradients only after ``synchronize()``. Buckets start in plan
-   order on every rank, so ranks issue collectives in the same sequence.
+2. When every parameter of a fusion bucket is ready, :mod:`ringtrain.fusion` packs the
+   bucket and its asynchronous exchange starts while backward goes on. Without
+   compression each ``.grad`` becomes a view of the bucket (as DDP's
+   ``gradient_as_bucket_view``), so read gradients only after ``synchronize()``.
+   Buckets start in plan order on every rank, so ranks issue the same sequence.
 3. ``step()`` (or ``synchronize()``) starts the buckets still pending (parameters that
-   got no gradient contribute zeros, so no rank waits for an exchange that never
-   comes), waits for all, unpacks into ``.grad`` and runs the wrapped optimizer.
+   got no gradient contribute zeros), waits for all, and runs the wrapped optimizer.
+
+Sparse gradients (``nn.Embedding(sparse=True)``) are exchanged as Horovod does: the
+indices and values of every rank are gathered and summed (``sparse_as_dense=True``
+densifies them into the fused buckets instead). Which parameters are sparse is agreed
+by all ranks at the first step; a parameter whose first sparse gradient comes later is
+exchanged densely (its result is still correct).
 """
 
 from __future__ import annotations
@@ -26,93 +42,102 @@ from typing import Any
 import torch
 
 from ringtrain import collectives, events, runtime, sync
-from ringtrain.buckets import BucketSpec, plan_buckets
-from ringtrain.collectives import Average, ReduceOp, Sum
+from ringtrain.collectives import Average, Max, ReduceOp
 from ringtrain.compression import Compression, Compressor
 from ringtrain.errors import ConfigError
+from ringtrain.fusion import Bucket, FusedExchange
 
 __all__ = ["DistributedOptimizer"]
 
+_CLASSES: dict[type, type] = {}
 
-class _Bucket:
-    def __init__(self, spec: BucketSpec, names: list[str], wire: torch.dtype) -> None:
-        self.spec = spec
-        self.flat = torch.zeros(spec.numel, dtype=wire, device=spec.device)
-        # Without compression the gradients can live in the flat buffer itself (as DDP's
-        # gradient_as_bucket_view): packing is then at most one copy, unpacking none.
-        self.grad_views = wire == spec.dtype
-        self.pending = len(spec.params)  # parameters not yet ready in this step
-        self.handle: collectives.Handle | None = None
-        first, last = names[0], names[-1]
-        more = f"..{last}" if len(names) > 1 else ""
-        self.name = f"bucket{spec.index}[{first}{more}]"
-        self.launched_at = 0.0
+
+def _class_for(base: type) -> type:
+    """The wrapper class for optimizers of class ``base``: DistributedOptimizer first in
+    the MRO (its methods win), ``base`` next (``isinstance`` checks, custom methods)."""
+    cls = _CLASSES.get(base)
+    if cls is None:
+        cls = type(f"Distributed{base.__name__}", (DistributedOptimizer, base),
+                   {"__module__": __name__, "__qualname__": f"Distributed{base.__qualname__}"})
+        _CLASSES[base] = cls
+    return cls
 
 
 class DistributedOptimizer(torch.optim.Optimizer):
-    """Averages gradients across ranks with fused, overlapped exchanges, then steps.
+    """Combines gradients across ranks with fused, overlapped exchanges, then steps.
 
-    It is a ``torch.optim.Optimizer`` (LR schedulers accept it) that shares
-    ``param_groups`` and ``state`` with the wrapped optimizer.
+    Args:
+        optimizer: the torch optimizer to wrap (its class is kept, see the module doc).
+        named_parameters: ``model.named_parameters()``; names appear in errors.
+        compression: ``rt.Compression.none`` / ``.fp16`` / ``.bf16`` on the wire.
+        backward_passes_per_step: local passes summed before each exchange.
+        op: ``rt.Average`` (sum / size) or ``rt.Sum``.
+        gradient_predivide_factor: Horovod's split of the average: ``1/f`` before the
+            sum, ``f/size`` after it (Average only).
+        strategy: ``"native"`` / ``"ring"`` / ``"ps"`` or a strategy object.
+        fusion_mb: megabytes per fused bucket (default ``RINGTRAIN_FUSION_MB``, 25).
+        sparse_as_dense: exchange sparse gradients as dense ones.
+        **strategy_options: options of the chosen strategy (``ps_servers``, ...).
     """
+
+    def __new__(cls, optimizer: Any = None, *args: Any, **kwargs: Any) -> DistributedOptimizer:
+        if cls is DistributedOptimizer and isinstance(optimizer, torch.optim.Optimizer) \
+                and not isinstance(optimizer, DistributedOptimizer):
+            cls = _class_for(type(optimizer))
+        return object.__new__(cls)
 
     def __init__(
         self,
         optimizer: torch.optim.Optimizer,
         named_parameters: Iterable[tuple[str, torch.nn.Parameter]] | None = None,
-        strategy: str | collectives.AllreduceAlgorithm = "native",
         compression: Compressor = Compression.none,
         backward_passes_per_step: int = 1,
         op: ReduceOp = Average,
+        gradient_predivide_factor: float = 1.0,
+        *,
+        strategy: str | collectives.AllreduceAlgorithm = "native",
         fusion_mb: float | None = None,
+        sparse_as_dense: bool = False,
         **strategy_options: Any,
     ) -> None:
+        if isinstance(optimizer, DistributedOptimizer):
+            raise ConfigError("this optimizer is already a DistributedOptimizer; wrap it once")
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise ConfigError(
                 f"DistributedOptimizer wraps a torch.optim.Optimizer, got {type(optimizer).__name__}"
             )
-        if backward_passes_per_step < 1:
-            raise ConfigError(
-                f"backward_passes_per_step must be >= 1, got {backward_passes_per_step}"
-            )
-        if op not in (Average, Sum):
-            raise ConfigError(f"DistributedOptimizer supports op=rt.Average or rt.Sum, got {op!r}")
         if not isinstance(compression, Compressor):
             raise ConfigError(
                 f"compression must be rt.Compression.none, .fp16 or .bf16, got {compression!r}"
+                + (" (pass strategy= by keyword)" if isinstance(compression, str) else "")
             )
+        _check_passes(backward_passes_per_step)
         runtime.world()  # raises NotInitializedError with a hint when rt.init() was not called
         self._inner = optimizer
-        # Share the wrapped optimizer's containers so schedulers and checkpoints see one state.
-        self.defaults = optimizer.defaults
-        self.param_groups = optimizer.param_groups
-        self.state = optimizer.state
-        self._optimizer_step_pre_hooks: dict[int, Callable[..., Any]] = {}
-        self._optimizer_step_post_hooks: dict[int, Callable[..., Any]] = {}
-        self._compression = compression
         self._op = op
+        self._compression = compression
+        self._sparse_as_dense = bool(sparse_as_dense)
         self.backward_passes_per_step = backward_passes_per_step
-        self._algorithm = self._resolve_strategy(strategy, strategy_options)
+        self._algorithm = sync.make_strategy(strategy, **strategy_options)
         self.strategy = strategy if isinstance(strategy, str) else type(strategy).__name__
 
         params, names = self._collect(named_parameters)
         self._params = params
         self._names = names
         mb = fusion_mb if fusion_mb is not None else runtime.settings().fusion_mb
-        if mb <= 0:
+        if not mb > 0:
             raise ConfigError(f"fusion_mb must be > 0, got {mb}")
-        specs = plan_buckets(
-            [p.shape for p in params], [p.dtype for p in params], [p.device for p in params],
-            int(mb * 1024 * 1024),
+        predivide = None if gradient_predivide_factor == 1.0 else float(gradient_predivide_factor)
+        self._fusion = FusedExchange(
+            names, params, self._algorithm, compression, op, runtime.size(), int(mb * 1024 * 1024),
+            predivide=predivide,
         )
-        self._buckets = [
-            _Bucket(s, [names[i] for i in s.params], compression.wire_dtype_for(s.dtype))
-            for s in specs
-        ]
-        self._bucket_of = {i: b for b in self._buckets for i in b.spec.params}
         self._passes = [0] * len(params)
         self._next_launch = 0
         self._synchronized = False
+        self._steps = 0
+        self._sparse: set[int] = set()  # agreed sparse parameters: gathered, not bucketed
+        self._seen_sparse: set[int] = set()  # sparse gradients met by this rank this step
         self._lock = threading.Lock()
         self._layout_checked = False
         #: Seconds ``synchronize`` spent waiting for exchanges not hidden behind backward.
@@ -125,17 +150,43 @@ class DistributedOptimizer(torch.optim.Optimizer):
             p.register_post_accumulate_grad_hook(self._make_hook(i)) for i, p in enumerate(params)
         ]
 
-    # -- set-up -------------------------------------------------------------------------
+    # -- the wrapped optimizer's state is ours ------------------------------------------
+    # Properties, not copies: torch's load_state_dict replaces the containers, and a
+    # copy taken earlier would silently stop reaching the real update.
 
-    @staticmethod
-    def _resolve_strategy(
-        strategy: str | collectives.AllreduceAlgorithm, options: dict[str, Any]
-    ) -> str | collectives.AllreduceAlgorithm:
-        # HOOK(sync): strategy-specific options (e.g. ps_servers=) are turned into an
-        # algorithm object by ringtrain.sync; plain names come from the registry.
-        # native/ring/ps become sync strategies: their waits name missing ranks after
-        # stall_timeout (an option too); unknown names and options fail with the choices.
-        return sync.make_strategy(strategy, **options)
+    @property  # type: ignore[override]
+    def param_groups(self) -> list[dict[str, Any]]:
+        return self._inner.param_groups
+
+    @param_groups.setter
+    def param_groups(self, value: list[dict[str, Any]]) -> None:
+        self._inner.param_groups = value
+
+    @property  # type: ignore[override]
+    def state(self) -> Any:
+        return self._inner.state
+
+    @state.setter
+    def state(self, value: Any) -> None:
+        self._inner.state = value
+
+    @property  # type: ignore[override]
+    def defaults(self) -> dict[str, Any]:
+        return self._inner.defaults
+
+    @defaults.setter
+    def defaults(self, value: dict[str, Any]) -> None:
+        self._inner.defaults = value
+
+    def __getattr__(self, name: str) -> Any:
+        # Attributes the wrapped optimizer's own __init__ set (custom optimizers, torch
+        # internals such as hook tables) live on it.
+        inner = self.__dict__.get("_inner")
+        if inner is None or name.startswith("__"):
+            raise AttributeError(name)
+        return getattr(inner, name)
+
+    # -- set-up -------------------------------------------------------------------------
 
     def _collect(
         self, named_parameters: Iterable[tuple[str, torch.nn.Parameter]] | None
@@ -157,6 +208,16 @@ class DistributedOptimizer(torch.optim.Optimizer):
             )
         return in_groups, [by_id[id(p)] for p in in_groups]
 
+    def set_backward_passes_per_step(self, passes: int) -> None:
+        """Change the number of local passes per exchange (between steps)."""
+        _check_passes(passes)
+        if any(self._passes):
+            raise ConfigError(
+                "set_backward_passes_per_step() in the middle of an accumulation: call it "
+                "after step(), before the next backward()"
+            )
+        self.backward_passes_per_step = passes
+
     # -- backward side ------------------------------------------------------------------
 
     def _make_hook(self, index: int) -> Callable[[torch.Tensor], None]:
@@ -167,6 +228,11 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
     def _on_grad_ready(self, index: int) -> None:
         with self._lock:
+            if self._synchronized:
+                raise ConfigError(
+                    f"backward() reached parameter {self._names[index]!r} after synchronize() and "
+                    "before step(): call step() (inside skip_synchronize()) first"
+                )
             self._passes[index] += 1
             count = self._passes[index]
             if count > self.backward_passes_per_step:
@@ -175,140 +241,143 @@ class DistributedOptimizer(torch.optim.Optimizer):
                     f"backward_passes_per_step={self.backward_passes_per_step}; call step() "
                     "after that many passes or raise backward_passes_per_step"
                 )
-            if count < self.backward_passes_per_step:
-                return
-            bucket = self._bucket_of[index]
+            if count < self.backward_passes_per_step or index not in self._fusion.bucket_of:
+                return  # still accumulating, or a sparse parameter (gathered at synchronize)
+            bucket, _ = self._fusion.bucket_of[index]
             bucket.pending -= 1
             if bucket.pending == 0:
                 self._launch_ready()
 
     def _launch_ready(self) -> None:
         # Launch strictly in plan order so every rank issues the same collective sequence.
-        while self._next_launch < len(self._buckets):
-            bucket = self._buckets[self._next_launch]
+        buckets = self._fusion.buckets
+        while self._next_launch < len(buckets):
+            bucket = buckets[self._next_launch]
             if bucket.pending > 0:
                 return
             self._launch(bucket)
 
-    def _scale(self, index: int) -> float:
-        count = self._passes[index]
-        return 1.0 / (count * runtime.size()) if self._op is Average else 1.0
+    def _dense_grad(self, index: int) -> torch.Tensor | None:
+        """This step's gradient of a bucketed parameter, dense (None: contribute zeros)."""
+        grad = self._params[index].grad
+        if grad is None or self._passes[index] == 0:
+            return None
+        if grad.is_sparse:
+            if self._sparse_as_dense or self._steps > 0:
+                # Densified: asked for, or a parameter whose first sparse gradient came
+                # after the first step (the ranks agreed on the sparse set then).
+                return grad.to_dense()
+            # First step: gathered at synchronize(), where every rank agrees on the sparse
+            # parameters; its bucket slot carries zeros this once.
+            self._seen_sparse.add(index)
+            return None
+        return grad
 
-    def _pack(self, bucket: _Bucket) -> None:
-        if bucket.grad_views:
-            self._pack_in_place(bucket)
-            return
-        with torch.no_grad():
-            for index, offset in zip(bucket.spec.params, bucket.spec.offsets):
-                p = self._params[index]
-                view = bucket.flat[offset : offset + p.numel()]
-                if p.grad is None or self._passes[index] == 0:
-                    view.zero_()  # unused parameter: contribute zeros, never skip the exchange
-                    continue
-                grad = p.grad.detach().reshape(-1)
-                scale = self._scale(index)
-                if scale == 1.0:
-                    view.copy_(grad)
-                elif view.dtype == grad.dtype:
-                    torch.mul(grad, scale, out=view)
-                else:
-                    view.copy_(grad * scale)  # scale before narrowing: fp16 overflows at 65504
-
-    def _pack_in_place(self, bucket: _Bucket) -> None:
-        # Make every .grad a view of the flat buffer. A gradient that already is one (the
-        # user zeroed instead of setting to None) was accumulated in place: no copy at all.
-        # The exchange then reduces .grad directly and unpacking has nothing to do.
-        scales: set[float] = set()
-        with torch.no_grad():
-            for index, offset in zip(bucket.spec.params, bucket.spec.offsets):
-                p = self._params[index]
-                view = bucket.flat[offset : offset + p.numel()]
-                grad = p.grad
-                if grad is None or self._passes[index] == 0:
-                    view.zero_()  # unused parameter: contribute zeros, never skip the exchange
-                elif grad.data_ptr() != view.data_ptr() or not grad.is_contiguous():
-                    view.copy_(grad.detach().reshape(-1))
-                p.grad = view.view(p.shape)
-                if self._passes[index]:
-                    scales.add(self._scale(index))
-            if not scales or scales == {1.0}:
-                return
-            if len(scales) == 1:
-                bucket.flat.mul_(scales.pop())  # one pass over the buffer, the common case
-                return
-            for index, offset in zip(bucket.spec.params, bucket.spec.offsets):
-                if self._passes[index]:
-                    bucket.flat[offset : offset + self._params[index].numel()].mul_(
-                        self._scale(index))
-
-    def _launch(self, bucket: _Bucket) -> None:
+    def _launch(self, bucket: Bucket) -> None:
         if not self._layout_checked:
             self._layout_checked = True
-            # HOOK(sync): compare the exchange signature across ranks before the first launch.
-            sync.check_exchange(
-                self._algorithm,
-                [(self._names[i], self._params[i].shape, self._params[i].dtype)
-                 for b in self._buckets for i in b.spec.params],
-                {"op": self._op.name, "compression": repr(self._compression),
-                 "buckets": " ".join(str(b.spec.numel) for b in self._buckets),
-                 "backward_passes_per_step": str(self.backward_passes_per_step)},
-            )
-        self._pack(bucket)
-        bucket.launched_at = time.perf_counter()
-        bucket.handle = collectives.allreduce_async_(
-            bucket.flat, Sum, bucket.name, algorithm=self._algorithm
-        )
+            tensors, shared = self._fusion.signature()
+            shared["backward_passes_per_step"] = str(self.backward_passes_per_step)
+            shared["sparse_as_dense"] = str(self._sparse_as_dense)
+            sync.check_exchange(self._algorithm, tensors, shared,
+                                when="first step" if self._steps == 0 else "bucket layout change")
+        members = bucket.spec.params
+        grads = [self._dense_grad(i) for i in members]
+        views = self._fusion.pack(bucket, grads)
+        if bucket.grad_views:
+            for index, view in zip(members, views, strict=True):
+                if index not in self._seen_sparse:
+                    self._params[index].grad = view
+        self._fusion.launch(bucket)
         self._next_launch += 1
 
     # -- step side ----------------------------------------------------------------------
 
     def synchronize(self) -> None:
-        """Finish this step's gradient exchange and write the averaged gradients to ``.grad``."""
+        """Finish this step's gradient exchange; afterwards ``.grad`` holds the result."""
         if self._synchronized:
             return
         t0 = time.perf_counter()
         with self._lock:
-            for bucket in self._buckets:
+            for bucket in self._fusion.buckets:
                 bucket.pending = 0
             self._launch_ready()
-        for bucket in self._buckets:
-            assert bucket.handle is not None
-            # HOOK(sync): stall inspection wraps this wait.
-            bucket.handle.wait()
+        for bucket in self._fusion.buckets:
+            self._fusion.wait(bucket)
             t_done = time.perf_counter()
-            nbytes = bucket.flat.numel() * bucket.flat.element_size()
             for fn in self.exchange_listeners:
-                fn(bucket.name, nbytes, bucket.launched_at, t_done)
+                fn(bucket.name, bucket.nbytes, bucket.launched_at, t_done)
             if events.active():
                 names = [self._names[i] for i in bucket.spec.params]
                 events.emit("exchange", bucket.launched_at, t_done, name=bucket.name,
-                            bytes=nbytes, tensors=names)
-            self._unpack(bucket)
+                            bytes=bucket.nbytes, tensors=names)
+            if not bucket.grad_views:
+                self._unpack(bucket)
+        self._exchange_sparse()
         t_end = time.perf_counter()
         self.last_exchange_wait_s = t_end - t0
         if events.active():
             events.emit("exchange_wait", t0, t_end)
         self._synchronized = True
 
-    def _unpack(self, bucket: _Bucket) -> None:
+    def _unpack(self, bucket: Bucket) -> None:
         with torch.no_grad():
-            for index, offset in zip(bucket.spec.params, bucket.spec.offsets):
+            for position, index in enumerate(bucket.spec.params):
+                if index in self._seen_sparse:
+                    continue
                 p = self._params[index]
-                view = bucket.flat[offset : offset + p.numel()].view(p.shape)
-                if bucket.grad_views and p.grad is not None and p.grad.data_ptr() == view.data_ptr():
-                    continue  # the exchange reduced .grad itself
-                if p.grad is None:
-                    p.grad = view.to(p.dtype, copy=True)
+                result = self._fusion.result(bucket, position)
+                if p.grad is None or p.grad.is_sparse or p.grad.shape != result.shape:
+                    p.grad = result
                 else:
-                    p.grad.copy_(view)
+                    p.grad.copy_(result)
+
+    def _exchange_sparse(self) -> None:
+        if self._steps == 0:
+            # Agree on the sparse parameters once: a rank whose embedding got no gradient
+            # in this step must still take part in gathering the others'.
+            flags = torch.zeros(len(self._params), dtype=torch.int32)
+            for i in self._seen_sparse:
+                flags[i] = 1
+            collectives.allreduce_(flags, Max, name="sparse gradients (first step)")
+            agreed = {i for i in range(len(self._params)) if flags[i]}
+            self._seen_sparse = agreed
+        todo = sorted(self._sparse | self._seen_sparse)
+        for index in todo:
+            self._gather_sparse(index)
+        if self._seen_sparse - self._sparse:
+            # From the next step on the sparse parameters stay out of the buckets.
+            self._sparse |= self._seen_sparse
+            self._fusion.plan([i for i in range(len(self._params)) if i not in self._sparse])
+            self._layout_checked = False
+
+    def _gather_sparse(self, index: int) -> None:
+        p = self._params[index]
+        grad = p.grad if self._passes[index] else None
+        if grad is None:
+            grad = torch.sparse_coo_tensor(
+                torch.zeros((1, 0), dtype=torch.int64, device=p.device),
+                torch.zeros((0, *p.shape[1:]), dtype=p.dtype, device=p.device), p.shape)
+        elif not grad.is_sparse:
+            grad = grad.to_sparse(1)
+        grad = grad.coalesce()
+        name = self._names[index]
+        indices = collectives.allgather(grad.indices().t().contiguous(), name=f"{name} (sparse indices)")
+        values = collectives.allgather(grad.values().contiguous(), name=f"{name} (sparse values)")
+        factor = 1.0 / runtime.size() if self._op is Average else 1.0
+        with torch.no_grad():
+            p.grad = torch.sparse_coo_tensor(indices.t(), values * factor if factor != 1.0 else values,
+                                             p.shape).coalesce()
 
     def _reset(self) -> None:
-        for bucket in self._buckets:
+        for bucket in self._fusion.buckets:
             bucket.pending = len(bucket.spec.params)
             bucket.handle = None
         self._passes = [0] * len(self._params)
         self._next_launch = 0
         self._synchronized = False
+        self._seen_sparse = set()
+        self._steps += 1
 
     @contextlib.contextmanager
     def skip_synchronize(self) -> Iterator[None]:
@@ -336,6 +405,13 @@ class DistributedOptimizer(torch.optim.Optimizer):
     # -- delegation ---------------------------------------------------------------------
 
     def zero_grad(self, set_to_none: bool = True) -> None:
+        if any(self._passes) and not self._synchronized:
+            raise ConfigError(
+                "zero_grad() was called after backward() and before step(): this step's "
+                "gradients are already being exchanged with the other ranks. Call "
+                "zero_grad() before backward() (or after step()); with gradient "
+                "accumulation, after the step that ends it"
+            )
         self._inner.zero_grad(set_to_none=set_to_none)
 
     def state_dict(self) -> dict[str, Any]:
@@ -350,16 +426,42 @@ class DistributedOptimizer(torch.optim.Optimizer):
             "wrapped optimizer before wrapping it"
         )
 
+    def register_step_pre_hook(self, hook: Callable[..., Any]) -> Any:
+        return self._inner.register_step_pre_hook(hook)
+
+    def register_step_post_hook(self, hook: Callable[..., Any]) -> Any:
+        return self._inner.register_step_post_hook(hook)
+
+    def register_state_dict_pre_hook(self, hook: Callable[..., Any], prepend: bool = False) -> Any:
+        return self._inner.register_state_dict_pre_hook(hook, prepend)
+
+    def register_state_dict_post_hook(self, hook: Callable[..., Any], prepend: bool = False) -> Any:
+        return self._inner.register_state_dict_post_hook(hook, prepend)
+
+    def register_load_state_dict_pre_hook(self, hook: Callable[..., Any], prepend: bool = False) -> Any:
+        return self._inner.register_load_state_dict_pre_hook(hook, prepend)
+
+    def register_load_state_dict_post_hook(self, hook: Callable[..., Any], prepend: bool = False) -> Any:
+        return self._inner.register_load_state_dict_post_hook(hook, prepend)
+
+    def __getstate__(self) -> dict[str, Any]:
+        raise TypeError("a DistributedOptimizer cannot be pickled; save opt.state_dict() instead")
+
     @property
     def wrapped(self) -> torch.optim.Optimizer:
         return self._inner
 
     @property
     def bucket_names(self) -> list[str]:
-        return [b.name for b in self._buckets]
+        return [b.name for b in self._fusion.buckets]
 
     def __repr__(self) -> str:
         return (
             f"DistributedOptimizer({type(self._inner).__name__}, strategy={self.strategy!r}, "
-            f"buckets={len(self._buckets)}, compression={self._compression!r})"
+            f"buckets={len(self._fusion.buckets)}, compression={self._compression!r})"
         )
+
+
+def _check_passes(passes: Any) -> None:
+    if isinstance(passes, bool) or not isinstance(passes, int) or passes < 1:
+        raise ConfigError(f"backward_passes_per_step must be an int >= 1, got {passes!r}")

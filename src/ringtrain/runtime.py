@@ -11,7 +11,6 @@ from __future__ import annotations
 import datetime
 import logging
 import os
-import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -19,6 +18,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from ringtrain import sockets
 from ringtrain.env import LaunchEnv, parse_env
 from ringtrain.errors import ConfigError, LaunchEnvError, NotInitializedError
 from ringtrain.settings import Settings, load_settings
@@ -53,6 +53,8 @@ class World:
     backend: str
     device: torch.device
     settings: Settings
+    #: False when the script had initialised torch.distributed itself (it ends the group).
+    owns_group: bool = True
 
 
 _world: World | None = None
@@ -85,26 +87,29 @@ def _is_loopback(addr: str) -> bool:
     return addr in _LOOPBACK_NAMES or addr.startswith("127.")
 
 
-def _bind_listener(addr: str, port: int) -> socket.socket:
-    """Bind the rendezvous socket ourselves so it listens only on ``addr``.
+def _store_listener(env: LaunchEnv) -> int:
+    """The listening descriptor for rank 0's store: ringrun's reservation (inherited), or
+    a socket bound here on ``MASTER_ADDR`` only.
 
     TCPStore on its own binds every interface; a job confined to one host must not be
-    reachable from the network.
+    reachable from the network (see :mod:`ringtrain.sockets`).
     """
-    family = socket.AF_INET6 if ":" in addr else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    bind_addr = "" if addr in ("0.0.0.0", "::") else addr
+    assert env.master_port is not None  # guaranteed by LaunchEnv validation
     try:
-        sock.bind((bind_addr, port))
+        if env.store_fd is not None:
+            return sockets.listen_on(env.store_fd)
+        sock = sockets.reserve(env.master_addr, env.master_port)
+        try:
+            sock.listen(1024)
+        except OSError:
+            sock.close()
+            raise
+        return sock.detach()  # the store owns the descriptor now
     except OSError as exc:
-        sock.close()
         raise LaunchEnvError(
-            f"cannot listen on {addr}:{port} for the rendezvous ({exc.strerror}); "
-            "choose another MASTER_PORT (or let ringrun pick one)"
+            f"cannot listen on {env.master_addr}:{env.master_port} for the rendezvous "
+            f"({exc.strerror}); choose another MASTER_PORT (or let ringrun pick one)"
         ) from None
-    sock.listen(1024)
-    return sock
 
 
 def _make_store(env: LaunchEnv, timeout: datetime.timedelta) -> dist.Store:
@@ -113,17 +118,10 @@ def _make_store(env: LaunchEnv, timeout: datetime.timedelta) -> dist.Store:
     assert env.master_port is not None  # guaranteed by LaunchEnv validation
     agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
     if env.rank == 0 and not agent_store:
-        fd = env.store_fd
-        listener = None
-        if fd is None:
-            listener = _bind_listener(env.master_addr, env.master_port)
-            fd = listener.fileno()
         base = dist.TCPStore(
             env.master_addr, env.master_port, env.size, True, timeout=timeout,
-            wait_for_workers=False, master_listen_fd=fd,
+            wait_for_workers=False, master_listen_fd=_store_listener(env),
         )
-        if listener is not None:
-            listener.detach()  # the store owns the descriptor now
     else:
         base = dist.TCPStore(env.master_addr, env.master_port, env.size, False, timeout=timeout)
     # Each restart attempt rendezvouses under its own prefix so no key of a dead
@@ -154,26 +152,49 @@ def init(backend: str | None = None, timeout: float | None = None) -> World:
         return _world
     cfg = load_settings(backend=backend, init_timeout=timeout)
     env = parse_env(os.environ)
+    _configure_logging(env)
+    if dist.is_initialized():
+        _world, _store = _join_existing(env, cfg)
+        return _world
     chosen = _choose_backend(cfg.backend, env.local_size)
     if chosen == "gloo" and _is_loopback(env.master_addr) and "GLOO_SOCKET_IFNAME" not in os.environ:
         # Gloo binds the address the host name resolves to; confine a one-host job to
         # loopback so nothing listens on the network.
         os.environ["GLOO_SOCKET_IFNAME"] = "lo"
-    _configure_logging(env)
     pg_timeout = datetime.timedelta(seconds=cfg.init_timeout)
     store = _make_store(env, pg_timeout)
-    dev = torch.device("cpu")
-    if torch.cuda.is_available() and torch.cuda.device_count() > env.local_rank:
-        torch.cuda.set_device(env.local_rank)
-        dev = torch.device("cuda", env.local_rank)
-    if not dist.is_initialized():
-        dist.init_process_group(
-            chosen, store=store, rank=env.rank, world_size=env.size, timeout=pg_timeout
-        )
+    dev = _pin_device(env)
+    dist.init_process_group(chosen, store=store, rank=env.rank, world_size=env.size, timeout=pg_timeout)
     _store = store
-    _world = World(env=env, backend=chosen, device=dev, settings=cfg)
+    _world = World(env=env, backend=chosen, device=dev, settings=cfg, owns_group=True)
     log.info("joined %s world of %d (backend %s, device %s)", env.launcher, env.size, chosen, dev)
     return _world
+
+
+def _pin_device(env: LaunchEnv) -> torch.device:
+    if torch.cuda.is_available() and torch.cuda.device_count() > env.local_rank:
+        torch.cuda.set_device(env.local_rank)
+        return torch.device("cuda", env.local_rank)
+    return torch.device("cpu")
+
+
+def _join_existing(env: LaunchEnv, cfg: Settings) -> tuple[World, dist.Store]:
+    """The script called ``torch.distributed.init_process_group()`` itself (as scripts
+    written for torchrun do): use that group and its store instead of a second rendezvous."""
+    if (dist.get_rank(), dist.get_world_size()) != (env.rank, env.size):
+        raise LaunchEnvError(
+            f"torch.distributed was initialised as rank {dist.get_rank()} of "
+            f"{dist.get_world_size()}, but the launcher says rank {env.rank} of {env.size}; "
+            "call rt.init() before init_process_group(), or pass the launcher's RANK and WORLD_SIZE"
+        )
+    from torch.distributed.distributed_c10d import _get_default_store
+
+    store = dist.PrefixStore(f"ringtrain/{env.run_id}/{env.attempt}/", _get_default_store())
+    backend = str(dist.get_backend())
+    dev = _pin_device(env)
+    world = World(env=env, backend=backend, device=dev, settings=cfg, owns_group=False)
+    log.info("joined the existing %s group of %d (device %s)", backend, env.size, dev)
+    return world, store
 
 
 def shutdown() -> None:
@@ -183,9 +204,9 @@ def shutdown() -> None:
         return
     for fn in list(_shutdown_hooks):
         fn()
-    if dist.is_initialized():
-        dist.destroy_process_group()
-    if _world.env.size > 1 and _store is not None:
+    if _world.owns_group and dist.is_initialized():
+        dist.destroy_process_group()  # a group the script made itself is the script's to end
+    if _world.owns_group and _world.env.size > 1 and _store is not None:
         _wait_for_everyone_to_leave(_store, _world)
     _world = None
     _store = None

@@ -63,7 +63,9 @@ def _equivalence(rt: Any, rtk: Any, keras: Any, passes: int, kind: str) -> dict[
     initial = [w.copy() for w in _dense_model(keras, seed=0).get_weights()]  # rank 0's start
     model = _dense_model(keras, seed=rt.rank())  # differs on purpose: broadcast must fix it
     started_different = any(not np.array_equal(a, b) for a, b in zip(initial, model.get_weights()))
-    opt = rtk.DistributedOptimizer(_make_optimizer(keras, kind), backward_passes_per_step=passes)
+    # The reference's loss is the mean over N*passes*B rows: average the summed passes.
+    opt = rtk.DistributedOptimizer(_make_optimizer(keras, kind), backward_passes_per_step=passes,
+                                   average_aggregated_gradients=passes > 1)
     model.compile(optimizer=opt, loss="mse")
 
     raw: list[dict[str, float]] = []
@@ -187,7 +189,10 @@ def _exchange_details(rt: Any, rtk: Any) -> dict[str, Any]:
     acc = rtk.GradientExchange(backward_passes_per_step=3)
     first = acc.reduce([torch.full((3,), 1.0 + r), torch.ones(2)], params)
     acc.reduce([torch.full((3,), 3.0 + r), torch.ones(2)], params)
-    partial = acc.flush()  # 2 of 3 passes: averaged over those 2, then over ranks
+    partial = acc.flush()  # 2 of 3 passes: summed (as Horovod), then averaged over ranks
+    avg = rtk.GradientExchange(backward_passes_per_step=2, average_aggregated_gradients=True)
+    avg.reduce([torch.full((3,), 1.0 + r), torch.ones(2)], params)
+    averaged = avg.reduce([torch.full((3,), 3.0 + r), torch.ones(2)], params)
 
     g = torch.randn(1000, generator=torch.Generator().manual_seed(r))
     bf16 = rtk.GradientExchange(compression=rt.Compression.bf16).reduce([g], [torch.zeros(1000)])[0]
@@ -198,7 +203,7 @@ def _exchange_details(rt: Any, rtk: Any) -> dict[str, Any]:
         mismatch = ""
     except MismatchError as exc:
         mismatch = str(exc)
-    return {"with_none": with_none, "first": first, "partial": partial,
+    return {"with_none": with_none, "first": first, "partial": partial, "averaged": averaged,
             "bf16_err": float((bf16 - exact).abs().max()), "bf16_dtype": str(bf16.dtype),
             "mismatch": mismatch}
 
@@ -310,7 +315,8 @@ def test_gradient_exchange_details(world: list[dict[str, Any]]) -> None:
         torch.testing.assert_close(out["with_none"][0], torch.full((3,), 1.5))
         torch.testing.assert_close(out["with_none"][1], torch.full((2,), 2.0))
         assert out["first"] is None  # accumulating
-        # Rank r's passes average to 2 + r; over ranks: 2.5.
-        torch.testing.assert_close(out["partial"][0], torch.full((3,), 2.5))
+        # Rank r's passes sum to 4 + 2r; over ranks: 5. Averaged over the passes: 2.5.
+        torch.testing.assert_close(out["partial"][0], torch.full((3,), 5.0))
+        torch.testing.assert_close(out["averaged"][0], torch.full((3,), 2.5))
         assert out["bf16_dtype"] == "torch.float32" and out["bf16_err"] < 2e-2
         assert "tensor #0" in out["mismatch"] and "differ" in out["mismatch"]

@@ -49,7 +49,8 @@ def _train(passes: int, fusion_mb: float) -> list[torch.Tensor]:
         opt.zero_grad()
         for micro in range(passes):
             part = slice(micro * BATCH // passes, (micro + 1) * BATCH // passes)
-            torch.nn.functional.mse_loss(model(xs[part]), ys[part]).backward()
+            # Horovod's semantics: the passes are summed, so the script divides by them.
+            (torch.nn.functional.mse_loss(model(xs[part]), ys[part]) / passes).backward()
         opt.step()
     return [p.detach().clone() for p in model.parameters()]
 
@@ -62,7 +63,7 @@ def test_n_ranks_equal_one_rank_with_concatenated_batch(n: int, passes: int) -> 
     results = run_world(_train, n, passes, 0.0005, timeout=80)
     expected = _reference(n)
     for rank_params in results:
-        for got, want in zip(rank_params, expected):
+        for got, want in zip(rank_params, expected, strict=True):
             torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
 
 
@@ -85,7 +86,7 @@ def _train_in_place(passes: int) -> tuple[list[torch.Tensor], bool]:
         opt.zero_grad(set_to_none=False)
         for micro in range(passes):
             part = slice(micro * BATCH // passes, (micro + 1) * BATCH // passes)
-            torch.nn.functional.mse_loss(model(x[mine][part]), y[mine][part]).backward()
+            (torch.nn.functional.mse_loss(model(x[mine][part]), y[mine][part]) / passes).backward()
         opt.step()
         if step > 0:
             pointers.add(tuple({p.grad.untyped_storage().data_ptr() for p in model.parameters()}))
@@ -100,7 +101,7 @@ def test_gradients_accumulated_in_place_give_the_same_training(passes: int) -> N
     expected = _reference(2)
     for rank_params, stable in results:
         assert stable, "gradients are not views of one fusion buffer that stays put"
-        for got, want in zip(rank_params, expected):
+        for got, want in zip(rank_params, expected, strict=True):
             torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
 
 
@@ -124,7 +125,7 @@ def _features() -> dict[str, object]:
     with opt.skip_synchronize():
         opt.step()
 
-    # Partial accumulation: step() after 1 of 3 passes averages that one pass.
+    # Partial accumulation: step() after 1 of 3 passes exchanges that one pass.
     w = torch.nn.Parameter(torch.zeros(2))
     opt2 = rt.DistributedOptimizer(torch.optim.SGD([w], lr=1.0),
                                    named_parameters=[("w", w)], backward_passes_per_step=3)
@@ -181,7 +182,7 @@ def test_optimizer_features_on_three_ranks() -> None:
         assert out["fp16_err"] < 5e-3
     ref_state, ref_params = results[0]["adam_state"], results[0]["adam_params"]
     for out in results[1:]:
-        for got, want in zip(out["adam_params"], ref_params):
+        for got, want in zip(out["adam_params"], ref_params, strict=True):
             torch.testing.assert_close(got, want)
         assert out["adam_state"]["param_groups"][0]["lr"] == ref_state["param_groups"][0]["lr"]
         for key, st in ref_state["state"].items():

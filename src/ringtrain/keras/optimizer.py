@@ -1,11 +1,15 @@
-"""DistributedOptimizer for Keras 3: average gradients across ranks before Keras applies them.
+"""DistributedOptimizer for Keras 3: combine gradients across ranks before Keras applies them.
 
 On the torch backend a Keras ``fit`` step runs ``loss.backward()`` and then calls
 ``optimizer.apply(grads, variables)``. The wrapper overrides ``apply``: the gradients
-are packed into a few flat buffers (the fusion plan of :mod:`ringtrain.buckets`),
-scaled by ``1 / (passes * size)``, narrowed to the wire dtype of the chosen
-compression, summed across ranks with one asynchronous allreduce per buffer, and
-handed to the wrapped optimizer's own ``apply`` (clipping, weight decay, the update).
+go through the same fused exchange as the torch optimizer (:mod:`ringtrain.fusion`:
+flat buffers, scaling, compression, one asynchronous exchange per buffer through the
+chosen strategy, a first-step layout check) and are then handed to the wrapped
+optimizer's own ``apply`` (clipping, weight decay, the update).
+
+Semantics are Horovod's Keras wrapper's: ``backward_passes_per_step=k`` sums k local
+passes and applies once (``average_aggregated_gradients=True`` divides that sum by the
+passes), ``op=Average`` divides by ``size()`` only.
 
 The exchange starts after backward, not during it as the torch
 :class:`ringtrain.DistributedOptimizer` does: Keras clears ``.grad`` before each step
@@ -26,11 +30,11 @@ from typing import Any
 
 import torch
 
-from ringtrain import collectives, runtime
-from ringtrain.buckets import BucketSpec, plan_buckets
-from ringtrain.collectives import Average, ReduceOp, Sum
+from ringtrain import runtime, sync
+from ringtrain.collectives import Average, ReduceOp
 from ringtrain.compression import Compression, Compressor
 from ringtrain.errors import ConfigError
+from ringtrain.fusion import FusedExchange
 from ringtrain.keras._backend import load_keras
 
 __all__ = ["DistributedOptimizer", "GradientExchange"]
@@ -38,22 +42,14 @@ __all__ = ["DistributedOptimizer", "GradientExchange"]
 keras = load_keras()
 
 
-class _Bucket:
-    def __init__(self, spec: BucketSpec, wire: torch.dtype) -> None:
-        self.spec = spec
-        self.flat = torch.zeros(spec.numel, dtype=wire, device=spec.device)
-        self.name = f"keras.bucket{spec.index}"
-
-
 class GradientExchange:
-    """Averages a list of torch gradients across ranks (no Keras objects: custom loops can use it).
+    """Combines a list of torch gradients across ranks (no Keras objects: custom loops can use it).
 
-    ``reduce(grads, params)`` returns the averaged gradients every
+    ``reduce(grads, params)`` returns the combined gradients every
     ``backward_passes_per_step``-th call and ``None`` on the calls in between, which
-    only accumulate locally. ``flush()`` exchanges what has accumulated so far. A
+    only accumulate (sum) locally. ``flush()`` exchanges what has accumulated so far. A
     gradient that is ``None`` on a rank contributes zeros (the exchange must have the
-    same layout on every rank); each gradient is divided by the passes that actually
-    produced it, so a partial accumulation is a correct average too.
+    same layout on every rank).
     """
 
     def __init__(
@@ -63,38 +59,38 @@ class GradientExchange:
         op: ReduceOp = Average,
         fusion_mb: float | None = None,
         strategy: str = "native",
+        average_aggregated_gradients: bool = False,
+        gradient_predivide_factor: float = 1.0,
     ) -> None:
         if isinstance(backward_passes_per_step, bool) or not isinstance(backward_passes_per_step, int) \
                 or backward_passes_per_step < 1:
             raise ConfigError(
                 f"backward_passes_per_step must be an int >= 1, got {backward_passes_per_step!r}"
             )
-        if op not in (Average, Sum):
-            raise ConfigError(f"the Keras DistributedOptimizer supports op=rt.Average or rt.Sum, got {op!r}")
         if not isinstance(compression, Compressor):
             raise ConfigError(
                 f"compression must be rt.Compression.none, .fp16 or .bf16, got {compression!r}"
             )
         runtime.world()  # NotInitializedError with the hint to call rt.init() first
         mb = fusion_mb if fusion_mb is not None else runtime.settings().fusion_mb
-        if mb <= 0:
+        if not mb > 0:
             raise ConfigError(f"fusion_mb must be > 0, got {mb}")
-        if strategy != "native":
-            import ringtrain.sync  # noqa: F401 - registers "ring" and "ps" with the collectives
-        collectives._algorithm(strategy)  # an unknown name is a ConfigError listing the choices
         self.compression = compression
         self.backward_passes_per_step = backward_passes_per_step
         self.op = op
         self.strategy = strategy
+        self.average_aggregated_gradients = bool(average_aggregated_gradients)
+        self._algorithm = sync.make_strategy(strategy)  # unknown names: ConfigError with choices
+        self._predivide = None if gradient_predivide_factor == 1.0 else float(gradient_predivide_factor)
         self._bucket_bytes = int(mb * 1024 * 1024)
         self._layout: tuple[Any, ...] | None = None
-        self._buckets: list[_Bucket] = []
-        self._shapes: list[tuple[int, ...]] = []
-        self._dtypes: list[torch.dtype] = []
-        self._numels: list[int] = []
+        self._fusion: FusedExchange | None = None
         self._sums: list[torch.Tensor | None] = []
-        self._counts: list[int] = []
         self._passes = 0
+        # Validate op (and the factor) now rather than at the first step.
+        from ringtrain.fusion import scaling
+
+        scaling(op, 1, False, self._predivide)
         #: Seconds the last exchange took (pack, allreduce, wait), for step meters.
         self.last_exchange_s = 0.0
 
@@ -107,7 +103,7 @@ class GradientExchange:
         self, grads: Sequence[torch.Tensor | None], params: Sequence[torch.Tensor],
         names: Sequence[str] | None = None,
     ) -> list[torch.Tensor] | None:
-        """Add one pass of ``grads`` (one per tensor of ``params``); averaged grads when due.
+        """Add one pass of ``grads`` (one per tensor of ``params``); combined grads when due.
 
         The returned tensors may be views of reused buffers: apply them before the next
         ``reduce``/``flush`` (Keras does), or copy them.
@@ -116,8 +112,7 @@ class GradientExchange:
             raise ConfigError(f"got {len(grads)} gradients for {len(params)} variables")
         self._prepare(params, names)
         if self.backward_passes_per_step == 1:
-            # No accumulation: pack straight from the gradients, one pass each.
-            return self._exchange(list(grads), [0 if g is None else 1 for g in grads])
+            return self._exchange(list(grads), 1)  # no accumulation: pack straight from them
         with torch.no_grad():
             for i, g in enumerate(grads):
                 if g is None:
@@ -127,7 +122,6 @@ class GradientExchange:
                     self._sums[i] = g.detach().clone()
                 else:
                     acc.add_(g)
-                self._counts[i] += 1
         self._passes += 1
         if self._passes < self.backward_passes_per_step:
             return None
@@ -137,9 +131,8 @@ class GradientExchange:
         """Exchange what has accumulated (fewer passes than usual is fine); None if nothing."""
         if self._passes == 0:
             return None
-        out = self._exchange(self._sums, self._counts)
+        out = self._exchange(self._sums, self._passes)
         self._sums = [None] * len(self._sums)
-        self._counts = [0] * len(self._counts)
         self._passes = 0
         return out
 
@@ -155,70 +148,39 @@ class GradientExchange:
                 f"(backward_passes_per_step={self.backward_passes_per_step}); pass the same "
                 "variables on every call, or call flush() before switching"
             )
-        specs = plan_buckets([p.shape for p in params], [p.dtype for p in params],
-                             [p.device for p in params], self._bucket_bytes)
-        self._buckets = [_Bucket(s, self.compression.wire_dtype_for(s.dtype)) for s in specs]
-        self._shapes = [tuple(p.shape) for p in params]
-        self._dtypes = [p.dtype for p in params]
-        self._numels = [p.numel() for p in params]
+        labels = list(names) if names is not None else [f"grad{i}" for i in range(len(params))]
+        self._fusion = FusedExchange(labels, params, self._algorithm, self.compression, self.op,
+                                     runtime.size(), self._bucket_bytes, self._predivide,
+                                     label="keras.bucket")
         self._sums = [None] * len(params)
-        self._counts = [0] * len(params)
-        self._check_same_layout(params, names)
-        self._layout = layout
-
-    def _check_same_layout(self, params: Sequence[torch.Tensor], names: Sequence[str] | None) -> None:
         # Ranks that exchange different layouts hang or average unrelated numbers
         # (horovod/horovod#2107, #1559); compare once per layout, through the store.
-        if runtime.size() == 1:
-            return
-        from ringtrain.sync.signature import check_signature, entry
+        tensors, shared = self._fusion.signature()
+        shared["backward_passes_per_step"] = str(self.backward_passes_per_step)
+        shared["average_aggregated_gradients"] = str(self.average_aggregated_gradients)
+        sync.check_exchange(self._algorithm, tensors, shared, when="first Keras step",
+                            what="Keras gradients")
+        self._layout = layout
 
-        labels = names if names is not None else [f"grad{i}" for i in range(len(params))]
-        check_signature(
-            [entry(n, p.shape, p.dtype) for n, p in zip(labels, params)],
-            settings={"compression": self.compression.name, "op": self.op.value,
-                      "strategy": self.strategy,
-                      "backward_passes_per_step": str(self.backward_passes_per_step)},
-            what="Keras gradients", when="first Keras step",
-        )
-
-    def _exchange(self, sources: list[torch.Tensor | None], counts: list[int]) -> list[torch.Tensor]:
+    def _exchange(self, sources: list[torch.Tensor | None], passes: int) -> list[torch.Tensor]:
         t0 = time.perf_counter()
-        world = runtime.size()
-        handles = []
+        fusion = self._fusion
+        assert fusion is not None  # set by _prepare
         with torch.no_grad():
-            for bucket in self._buckets:
-                for index, offset in zip(bucket.spec.params, bucket.spec.offsets):
-                    view = bucket.flat[offset : offset + self._numels[index]]
-                    self._pack(view, sources[index], counts[index], world)
-                handles.append(collectives.allreduce_async_(
-                    bucket.flat, Sum, bucket.name, algorithm=self.strategy))
+            for bucket in fusion.buckets:
+                fusion.pack(bucket, [sources[i] for i in bucket.spec.params])
+                fusion.launch(bucket)
             out: list[torch.Tensor] = [torch.empty(0)] * len(sources)
-            for bucket, handle in zip(self._buckets, handles):
-                handle.wait()
-                for index, offset in zip(bucket.spec.params, bucket.spec.offsets):
-                    shape, dtype = self._shapes[index], self._dtypes[index]
-                    view = bucket.flat[offset : offset + self._numels[index]].view(shape)
+            for bucket in fusion.buckets:
+                fusion.wait(bucket)
+                for position, index in enumerate(bucket.spec.params):
                     # Views of the flat buffer: Keras applies them before the next step
                     # reuses it. A compressed wire dtype is widened back (a copy).
-                    out[index] = view if view.dtype == dtype else view.to(dtype)
+                    out[index] = fusion.result(bucket, position)
+            if self.average_aggregated_gradients and passes > 1:
+                out = [g / passes for g in out]
         self.last_exchange_s = time.perf_counter() - t0
         return out
-
-    def _pack(self, view: torch.Tensor, grad: torch.Tensor | None, count: int, world: int) -> None:
-        if grad is None or count == 0:
-            view.zero_()  # no gradient here: contribute zeros, never skip the exchange
-            return
-        g = grad.detach().reshape(-1)
-        scale = 1.0 / count
-        if self.op is Average:
-            scale /= world
-        if scale == 1.0:
-            view.copy_(g)
-        elif view.dtype == g.dtype:
-            torch.mul(g, scale, out=view)
-        else:
-            view.copy_(g * scale)  # scale before narrowing: fp16 overflows at 65504
 
 
 class _DistributedMixin:
@@ -293,14 +255,19 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name, a factory returning th
     op: ReduceOp = Average,
     fusion_mb: float | None = None,
     strategy: str = "native",
+    average_aggregated_gradients: bool = False,
+    gradient_predivide_factor: float = 1.0,
 ) -> Any:
-    """Return a copy of the Keras ``optimizer`` that averages gradients across ranks.
+    """Return a copy of the Keras ``optimizer`` that combines gradients across ranks.
 
     Args:
         optimizer: an unbuilt ``keras.optimizers.Optimizer`` (wrap it before ``fit``).
         compression: ``rt.Compression.none``, ``.fp16`` or ``.bf16`` on the wire.
         backward_passes_per_step: exchange and update every k-th ``apply`` (each
-            ``fit`` step is one pass); gradients are averaged over the k passes.
+            ``fit`` step is one pass); the k passes' gradients are summed, as Horovod's.
+        average_aggregated_gradients: divide that sum by the passes (Horovod's option).
+        gradient_predivide_factor: Horovod's split of the average (1/f before the sum,
+            f/size after).
         op: ``rt.Average`` (default) or ``rt.Sum`` across ranks.
         fusion_mb: bytes per fused buffer, in MB (default: ``RINGTRAIN_FUSION_MB``, 25).
         strategy: ``"native"``, ``"ring"`` or ``"ps"`` (see ``ringtrain.sync``).
@@ -318,7 +285,8 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name, a factory returning th
             "the optimizer is already built (it has state); wrap it in DistributedOptimizer "
             "before model.compile()/fit()"
         )
-    exchange = GradientExchange(compression, backward_passes_per_step, op, fusion_mb, strategy)
+    exchange = GradientExchange(compression, backward_passes_per_step, op, fusion_mb, strategy,
+                                average_aggregated_gradients, gradient_predivide_factor)
     wrapped = _distributed_class(type(optimizer)).from_config(optimizer.get_config())
     # object.__setattr__: Keras' optimizer __setattr__ would try to track the attribute.
     object.__setattr__(wrapped, "_ringtrain_exchange", exchange)

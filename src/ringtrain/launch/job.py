@@ -9,9 +9,9 @@ attempt is reused. ``run_job`` returns the exit code ringrun should exit with.
 
 An attempt starts in three steps: connect to every remote host and wait for its agent
 (``--start-timeout``; the hosts that did not answer are named), choose rank 0's address
-and bind its rendezvous socket there (ringrun binds it for a local rank 0, the agent
-for a remote one, so a port in use is reported before any worker starts), then start
-the workers.
+and reserve its rendezvous port there (ringrun reserves it for a local rank 0, the
+agent for a remote one, so a port in use is reported before any worker starts), then
+start the workers.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from ringtrain import sockets
 from ringtrain.errors import ConfigError, LaunchError
 from ringtrain.launch import network
 from ringtrain.launch.agent import HOST_LOST, RemoteHost
@@ -142,21 +143,16 @@ class _HostsDown(Exception):
     """Some remote hosts did not come up (fatal at the first attempt, retried later)."""
 
 
-def _listen(addr: str, port: int) -> socket.socket:
-    family = socket.AF_INET6 if ":" in addr else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+def _reserve(addr: str, port: int) -> socket.socket:
+    """Reserve rank 0's rendezvous port here (see :mod:`ringtrain.sockets`)."""
     try:
-        sock.bind((addr, port))
+        return sockets.reserve(addr, port)
     except OSError as exc:
-        sock.close()
-        if port and exc.errno == 98:  # EADDRINUSE
+        if port and sockets.in_use(exc):
             raise ConfigError(f"--master-port {port} is in use on {addr}; choose another port or "
                               "omit --master-port to let ringrun pick a free one") from None
         raise ConfigError(f"cannot listen on {addr}:{port} ({exc.strerror}); pass --master-addr "
                           "with an address of this host") from None
-    sock.listen(1024)
-    return sock
 
 
 def choose_master_addr(cfg: JobConfig, infos: dict[str, dict[str, Any]]) -> str:
@@ -271,7 +267,7 @@ def _start_attempt(cfg: JobConfig, attempt: int, run_id: str, sink: OutputSink,
                        "NCCL_SOCKET_IFNAME": cfg.network_interface}
         cwd = cfg.cwd or os.getcwd()
         if is_local_host(host0):
-            listener = _listen(addr, cfg.master_port or 0)
+            listener = _reserve(addr, cfg.master_port or 0)
             port = int(listener.getsockname()[1])
         else:
             # The agent of rank 0's host binds the socket and tells us the port.
@@ -306,7 +302,7 @@ def _start_attempt(cfg: JobConfig, attempt: int, run_id: str, sink: OutputSink,
         raise
     finally:
         if listener is not None:
-            listener.close()  # rank 0 holds its own copy of the descriptor
+            listener.close()  # rank 0 holds its own copy of the reservation
     return members
 
 

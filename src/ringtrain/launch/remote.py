@@ -16,7 +16,7 @@ ringrun <- agent   ``R {json}``       ready: host name, cpus, interfaces, ssh ad
 ringrun -> agent   ``{json}``         the spec: cwd, command, ranks with their env, and for
                                       rank 0's host the address (and port) to listen on
                    empty lines        heartbeats, about one a second
-ringrun <- agent   ``L <port>``       rank 0's rendezvous socket is bound on this port
+ringrun <- agent   ``L <port>``       rank 0's rendezvous port is reserved (bound) on this port
                    ``S <rank> <pid>`` a worker started
                    ``O <rank> <text>``  one line of a worker's output
                    ``X <rank> <code>``  a worker exited (negative: killed by that signal)
@@ -34,7 +34,13 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 from typing import IO, Any
+
+if not __package__:  # run as a plain script: make this tree's ringtrain importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from ringtrain import sockets  # noqa: E402 - standard library only, as this module
 
 if __package__:
     from ringtrain.launch import network
@@ -202,22 +208,17 @@ def _killpg(pid: int, sig: int) -> None:
         pass
 
 
-def _listen(addr: str, port: int) -> socket.socket:
-    family = socket.AF_INET6 if ":" in addr else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+def _reserve(addr: str, port: int) -> socket.socket:
+    """Reserve rank 0's rendezvous port on this host (see :mod:`ringtrain.sockets`)."""
     try:
-        sock.bind((addr, port))
+        return sockets.reserve(addr, port)
     except OSError as exc:
-        sock.close()
-        if port and exc.errno == 98:
+        if port and sockets.in_use(exc):
             raise _Refused(f"port {port} on {addr} is in use on host {socket.gethostname()}; "
                            "choose another --master-port or omit it") from None
         raise _Refused(f"cannot listen on {addr}:{port} on host {socket.gethostname()} "
                        f"({exc.strerror}); pass --master-addr or --network-interface with an "
                        "address of rank 0's host") from None
-    sock.listen(1024)
-    return sock
 
 
 def _watch_stdin(agent: _Agent, stdin: IO[bytes]) -> None:
@@ -243,7 +244,7 @@ def main() -> int:
         agent.heartbeat_timeout = float(spec.get("heartbeat_timeout") or 0)
         agent.last_heard = time.monotonic()
         if spec.get("listen"):
-            listener = _listen(spec["listen"]["addr"], int(spec["listen"]["port"]))
+            listener = _reserve(spec["listen"]["addr"], int(spec["listen"]["port"]))
             port = listener.getsockname()[1]
             agent.send(f"L {port}".encode())
             for item in spec["ranks"]:

@@ -40,7 +40,7 @@ PHASES: tuple[str, ...] = ("data_wait", "h2d_copy", "compute", "exchange_wait", 
 # Which blocking phase owns an instant covered by several spans: a copy reported inside
 # the loader's wait is the copy; anything blocked is not compute.
 _PRIORITY: tuple[str, ...] = ("h2d_copy", "data_wait", "exchange_wait", "update")
-_RANK = {kind: i for i, kind in enumerate(_PRIORITY)}
+_PRIORITY_OF = {kind: i for i, kind in enumerate(_PRIORITY)}
 # Spans kept between two step ends; a loop that iterates a loader for a long time
 # without stepping (evaluation) must not grow memory without bound.
 _MAX_PENDING = 4096
@@ -119,8 +119,8 @@ def split_step(start: float, end: float,
     and the disjoint segments, in time order, that cover the step.
     """
     clipped = sorted(
-        (max(a, start), min(b, end), _RANK[k]) for k, a, b in spans
-        if k in _RANK and min(b, end) > max(a, start)
+        (max(a, start), min(b, end), _PRIORITY_OF[k]) for k, a, b in spans
+        if k in _PRIORITY_OF and min(b, end) > max(a, start)
     )
     totals = dict.fromkeys(PHASES, 0.0)
     segments: list[Segment] = []
@@ -232,7 +232,7 @@ class Meter:
             self._tensors += len(info.get("tensors", ()))
         elif kind == "h2d_copy" and info.get("overlapped"):
             self._h2d_overlapped += t_end - t_start
-        elif kind in _RANK:
+        elif kind in _PRIORITY_OF:
             self._add(kind, t_start, t_end)
         return None
 

@@ -195,6 +195,7 @@ def check_exchange(
     tensors: Iterable[tuple[str, Sequence[int], torch.dtype | str]],
     settings: Mapping[str, str] | None = None,
     when: str = "first step",
+    what: str = "gradients",
 ) -> None:
     """The optimizer's check: ``tensors`` are (name, shape, dtype) in exchange order;
     the strategy's own settings (e.g. ps_servers) and stall timeout are added here."""
@@ -202,4 +203,4 @@ def check_exchange(
     shared.update(strategy_settings(strategy))
     timeout_fn = getattr(strategy, "timeout", None)
     timeout = timeout_fn() if callable(timeout_fn) else None
-    check_signature([entry(*t) for t in tensors], shared, timeout=timeout, when=when)
+    check_signature([entry(*t) for t in tensors], shared, timeout=timeout, what=what, when=when)

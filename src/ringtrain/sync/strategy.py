@@ -134,11 +134,21 @@ def make_strategy(
             raise ConfigError(f"options {sorted(options)} do not apply to algorithm {strategy!r}")
         return algorithm
     cls, allowed = accepted[strategy]
-    unknown = sorted(set(options) - allowed)
+    known = {name for _, names in accepted.values() for name in names}
+    unknown = sorted(set(options) - known)
     if unknown:
+        listing = "; ".join(
+            f"{opt} ({', '.join(n for n, (_, names) in accepted.items() if opt in names)})"
+            for opt in sorted(known))
         raise ConfigError(
-            f"option(s) {unknown} do not apply to strategy {strategy!r}; "
-            f"it accepts: {', '.join(sorted(allowed))}"
+            f"unknown argument(s) {unknown}; the strategy options are: {listing}"
+        )
+    misplaced = sorted(set(options) - allowed)
+    if misplaced:
+        raise ConfigError(
+            f"option(s) {misplaced} apply to strategy "
+            + " / ".join(repr(n) for n, (_, names) in accepted.items() if set(misplaced) <= names)
+            + f", not to strategy={strategy!r}; pass strategy= accordingly or drop the option"
         )
     if strategy == "ps" and "ps_servers" in options:
         options = dict(options)

@@ -1,0 +1,232 @@
+"""Fused gradient exchange: gradients travel in a few flat buffers instead of one by one.
+
+Used by every optimizer front end (``rt.DistributedOptimizer``, ``ringtrain.keras``,
+``ringtrain.horovod``), so packing, scaling, compression and the first-step signature
+are written once:
+
+1. :func:`ringtrain.buckets.plan_buckets` decides which gradients share a buffer (a
+   pure function of shapes and order, equal on every rank).
+2. :meth:`FusedExchange.pack` copies a bucket's gradients into its flat buffer in the
+   wire dtype, multiplied by the *pre*-scale (``None`` gradients contribute zeros, so
+   no rank waits for an exchange that never comes).
+3. :meth:`FusedExchange.launch` hands the buffer to the strategy (an in-place
+   asynchronous sum across ranks); :meth:`FusedExchange.finish` waits and returns each
+   gradient's result, multiplied by the *post*-scale.
+
+Scaling follows Horovod: ``op=Average`` divides the rank-sum by ``size()`` only, and
+``gradient_predivide_factor=f`` splits that into 1/f before the sum and f/size after
+it. Without an explicit factor, an uncompressed buffer is scaled once, before the sum
+(one pass over memory); a compressed one is pre-scaled by the power of two just above
+``size()`` (exact in any float format, and it keeps an fp16 sum below 65504 whenever
+each rank's gradient is) and the rest is applied after widening back.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from ringtrain.buckets import BucketSpec, plan_buckets
+from ringtrain.collectives import Average, Handle, ReduceOp, Sum
+from ringtrain.compression import Compressor
+from ringtrain.errors import ConfigError
+
+__all__ = ["Bucket", "FusedExchange", "Scaling", "scaling"]
+
+#: ``strategy(flat, op, name) -> Handle``: an in-place, possibly asynchronous allreduce.
+Exchange = Callable[[torch.Tensor, ReduceOp, str | None], Handle]
+
+
+@dataclass(frozen=True)
+class Scaling:
+    """Factors applied to a gradient before it goes on the wire and after it comes back."""
+
+    pre: float = 1.0
+    post: float = 1.0
+
+
+def scaling(op: ReduceOp, size: int, compressed: bool, predivide: float | None = None) -> Scaling:
+    """How a bucket is scaled so the rank-sum becomes ``op``'s result (see module doc)."""
+    if op is Sum:
+        if predivide not in (None, 1.0):
+            raise ConfigError(
+                f"gradient_predivide_factor={predivide} only applies to op=Average (as in Horovod); "
+                "leave it at 1.0 with op=Sum"
+            )
+        return Scaling()
+    if op is not Average:
+        raise ConfigError(f"gradients are combined with op=Average or op=Sum, got {op!r}")
+    if predivide is not None and predivide != 1.0:
+        if not (predivide > 0 and math.isfinite(predivide)):
+            raise ConfigError(f"gradient_predivide_factor must be a finite number > 0, got {predivide}")
+        return Scaling(pre=1.0 / predivide, post=predivide / size)
+    if not compressed:
+        return Scaling(pre=1.0 / size)
+    pre = 2.0 ** -math.ceil(math.log2(size)) if size > 1 else 1.0
+    return Scaling(pre=pre, post=(1.0 / size) / pre)
+
+
+class Bucket:
+    """One flat buffer and the exchange of it in flight."""
+
+    def __init__(self, spec: BucketSpec, names: Sequence[str], numels: Sequence[int],
+                 wire: torch.dtype, label: str) -> None:
+        self.spec = spec
+        self.numels = tuple(numels)
+        self.flat = torch.zeros(spec.numel, dtype=wire, device=spec.device)
+        #: Whether the gradients can *be* views of the buffer (no compression), as DDP's
+        #: ``gradient_as_bucket_view``: packing is then at most one copy, unpacking none.
+        self.grad_views = wire == spec.dtype
+        self.pending = len(spec.params)  # members not yet ready in this step
+        self.handle: Handle | None = None
+        self.launched_at = 0.0
+        first, last = names[0], names[-1]
+        more = f"..{last}" if len(names) > 1 else ""
+        self.name = f"{label}{spec.index}[{first}{more}]"
+
+    @property
+    def nbytes(self) -> int:
+        return self.flat.numel() * self.flat.element_size()
+
+    def view(self, position: int) -> torch.Tensor:
+        """The flat slice of the ``position``-th member (1-D, wire dtype)."""
+        offset = self.spec.offsets[position]
+        return self.flat[offset : offset + self.numels[position]]
+
+
+def _is_view_of(grad: torch.Tensor, view: torch.Tensor) -> bool:
+    return (grad.dtype == view.dtype and grad.is_contiguous()
+            and grad.data_ptr() == view.data_ptr() and grad.numel() == view.numel())
+
+
+class FusedExchange:
+    """Buckets for a fixed list of tensors and their scaled, compressed exchange."""
+
+    def __init__(
+        self,
+        names: Sequence[str],
+        tensors: Sequence[torch.Tensor],
+        strategy: Exchange,
+        compression: Compressor,
+        op: ReduceOp,
+        size: int,
+        bucket_bytes: int,
+        predivide: float | None = None,
+        label: str = "bucket",
+    ) -> None:
+        if bucket_bytes <= 0:
+            raise ConfigError(f"fusion_mb must be > 0, got {bucket_bytes / 2**20:g}")
+        self.names = list(names)
+        self.shapes = [tuple(t.shape) for t in tensors]
+        self.dtypes = [t.dtype for t in tensors]
+        self.devices = [t.device for t in tensors]
+        self.numels = [t.numel() for t in tensors]
+        self.strategy = strategy
+        self.compression = compression
+        self.op = op
+        self.size = size
+        self.predivide = predivide
+        self.bucket_bytes = bucket_bytes
+        self.label = label
+        scaling(op, size, False, predivide)  # validates op and the factor now, not mid-step
+        self.buckets: list[Bucket] = []
+        self.bucket_of: dict[int, tuple[Bucket, int]] = {}
+        self.members: list[int] = []
+        self.plan(range(len(tensors)))
+
+    def plan(self, members: Sequence[int] | range) -> None:
+        """(Re)build the buckets for the tensors ``members`` (indices into the full list);
+        the others stay out of the fused exchange (e.g. sparse gradients)."""
+        keep = list(members)
+        specs = plan_buckets([self.shapes[i] for i in keep], [self.dtypes[i] for i in keep],
+                             [self.devices[i] for i in keep], self.bucket_bytes)
+        self.buckets = []
+        self.bucket_of = {}
+        for spec in specs:
+            # The plan speaks of positions in `keep`; buckets hold the real indices.
+            real = tuple(keep[p] for p in spec.params)
+            spec = BucketSpec(spec.index, real, spec.offsets, spec.numel, spec.dtype, spec.device)
+            wire = self.compression.wire_dtype_for(spec.dtype)
+            bucket = Bucket(spec, [self.names[i] for i in real], [self.numels[i] for i in real],
+                            wire, self.label)
+            self.buckets.append(bucket)
+            for position, index in enumerate(real):
+                self.bucket_of[index] = (bucket, position)
+        self.members = keep
+
+    # -- the exchange -------------------------------------------------------------------
+
+    def scaling_for(self, bucket: Bucket) -> Scaling:
+        return scaling(self.op, self.size, not bucket.grad_views, self.predivide)
+
+    def pack(self, bucket: Bucket, grads: Sequence[torch.Tensor | None]) -> list[torch.Tensor]:
+        """Fill ``bucket.flat`` from ``grads`` (one per member, dense; ``None`` contributes
+        zeros), pre-scaled; returns each member's view of the buffer, shaped like it.
+
+        A gradient that already is its view (accumulated in place) is not copied.
+        """
+        pre = self.scaling_for(bucket).pre
+        with torch.no_grad():
+            for position, grad in enumerate(grads):
+                view = bucket.view(position)
+                if grad is None:
+                    view.zero_()  # no gradient: contribute zeros, never skip the exchange
+                elif _is_view_of(grad, view):
+                    if pre != 1.0:
+                        view.mul_(pre)
+                else:
+                    g = grad.detach().reshape(-1)
+                    if pre == 1.0:
+                        view.copy_(g)
+                    elif view.dtype == g.dtype:
+                        torch.mul(g, pre, out=view)
+                    else:
+                        view.copy_(g * pre)  # scale before narrowing: fp16 overflows at 65504
+        return [bucket.view(p).view(self.shapes[i]) for p, i in enumerate(bucket.spec.params)]
+
+    def launch(self, bucket: Bucket) -> None:
+        """Start the bucket's in-place sum across ranks (may return before it is done)."""
+        bucket.launched_at = time.perf_counter()
+        bucket.handle = self.strategy(bucket.flat, Sum, bucket.name)
+
+    def wait(self, bucket: Bucket) -> None:
+        """Wait for the bucket's sum; an uncompressed buffer (whose members may be the
+        gradients themselves) gets its post-scale here, in place."""
+        if bucket.handle is None:
+            raise RuntimeError(f"{bucket.name} was never launched")
+        handle, bucket.handle = bucket.handle, None
+        handle.wait()
+        post = self.scaling_for(bucket).post
+        if post != 1.0 and bucket.grad_views:
+            bucket.flat.mul_(post)
+
+    def result(self, bucket: Bucket, position: int) -> torch.Tensor:
+        """The ``position``-th member's reduced gradient in its own dtype and shape (a view
+        of the buffer when uncompressed, else a widened, post-scaled copy)."""
+        index = bucket.spec.params[position]
+        view = bucket.view(position).view(self.shapes[index])
+        if bucket.grad_views:
+            return view
+        out = view.to(self.dtypes[index])
+        post = self.scaling_for(bucket).post
+        if post != 1.0:
+            out.mul_(post)
+        return out
+
+    # -- what ranks must agree on ---------------------------------------------------------
+
+    def signature(self) -> tuple[list[tuple[str, tuple[int, ...], torch.dtype]], dict[str, str]]:
+        """(tensors in exchange order, shared settings) for the first-step check."""
+        tensors = [(self.names[i], self.shapes[i], self.dtypes[i])
+                   for b in self.buckets for i in b.spec.params]
+        settings = {
+            "op": self.op.name,
+            "compression": self.compression.name,
+            "gradient_predivide_factor": repr(1.0 if self.predivide is None else self.predivide),
+            "buckets": " ".join(str(b.spec.numel) for b in self.buckets),
+        }
+        return tensors, settings

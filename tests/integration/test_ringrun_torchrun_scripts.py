@@ -1,0 +1,55 @@
+"""Scripts written for torchrun, which call ``init_process_group()`` themselves, run
+under ringrun unchanged and train to the same weights as under torchrun (issue: they
+failed every time with EADDRINUSE because ringrun held rank 0's MASTER_PORT)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+import torch
+from hosts.harness import assert_no_orphans, env_for
+from ringtest import free_port
+
+SCRIPT = str(Path(__file__).parent / "scripts" / "ddp_torchrun_style.py")
+BIN = Path(sys.executable).parent
+
+
+@pytest.fixture(scope="module")
+def torchrun_weights(tmp_path_factory: pytest.TempPathFactory) -> dict[str, torch.Tensor]:
+    out = tmp_path_factory.mktemp("torchrun") / "w.pt"
+    marker = uuid.uuid4().hex
+    res = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+         SCRIPT, "gloo", str(out)],
+        capture_output=True, text=True, timeout=100, env=env_for(marker),
+    )
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert_no_orphans(marker)
+    return torch.load(out)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("mode,fixed_port", [
+    ("gloo", False), ("none", False), ("env", False), ("rt-after", False),
+    ("gloo", True), ("env", True),
+])
+def test_torchrun_script_under_ringrun_trains_as_under_torchrun(
+        mode: str, fixed_port: bool, tmp_path: Path, torchrun_weights: dict[str, torch.Tensor]) -> None:
+    out = tmp_path / "w.pt"
+    marker = uuid.uuid4().hex
+    port = ["--master-port", str(free_port())] if fixed_port else []
+    res = subprocess.run([str(BIN / "ringrun"), "-np", "2", *port, "python", SCRIPT, mode, str(out)],
+                         capture_output=True, text=True, timeout=100, env=env_for(marker))
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    assert "EADDRINUSE" not in res.stdout + res.stderr
+    assert sorted(line for line in res.stdout.splitlines() if "done" in line) == [
+        "[0] rank 0 of 2 done", "[1] rank 1 of 2 done"]
+    got = torch.load(out)
+    assert got.keys() == torchrun_weights.keys()
+    for key, want in torchrun_weights.items():
+        assert torch.equal(got[key], want), key
+    assert_no_orphans(marker)
