@@ -8,6 +8,9 @@ The public API (see DESIGN.md), re-exported from small private modules::
 
 Names are resolved on first use (PEP 562), so ``import ringtrain`` is cheap and the
 launcher (``ringtrain.launch``), which never needs torch, does not pay for importing it.
+Importing registers and starts nothing; ``rt.init()`` wires the layers together
+(:mod:`ringtrain.wiring`). ``_EXPORTS`` is the one list of public names; a test checks
+that the ``TYPE_CHECKING`` imports below (for type checkers and IDEs) match it.
 """
 
 from __future__ import annotations
@@ -19,8 +22,10 @@ __version__ = "0.1.0"
 
 # public name -> (module, attribute); attribute None means the module itself.
 _EXPORTS: dict[str, tuple[str, str | None]] = {
+    "init": ("ringtrain.wiring", "init"),
+    "shutdown": ("ringtrain.wiring", "shutdown"),
     **{name: ("ringtrain.runtime", name) for name in (
-        "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size",
+        "is_initialized", "rank", "size", "local_rank", "local_size",
         "cross_rank", "cross_size", "device",
     )},
     **{name: ("ringtrain.collectives", name) for name in (
@@ -36,7 +41,7 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "scale_lr": ("ringtrain.schedule", "scale_lr"),
     "warmup": ("ringtrain.schedule", "warmup"),
     **{name: (f"ringtrain.{name}", None) for name in (
-        "checkpoint", "data", "errors", "sync", "observe", "elastic", "runtime", "events",
+        "checkpoint", "data", "errors", "sync", "observe", "elastic",
     )},
 }
 
@@ -49,12 +54,6 @@ def __getattr__(name: str) -> Any:
     except KeyError:
         raise AttributeError(f"module 'ringtrain' has no attribute {name!r}") from None
     module = importlib.import_module(module_name)
-    if attr is not None or name in ("data", "checkpoint", "elastic"):
-        # Plug-ins wire themselves in on import: the step meter subscribes to the event
-        # bus (so `ringtrain doctor` and RINGTRAIN_TIMELINE need no code changes) and the
-        # ring / ps allreduce algorithms register their names.
-        importlib.import_module("ringtrain.observe")
-        importlib.import_module("ringtrain.sync")
     value = module if attr is None else getattr(module, attr)
     globals()[name] = value  # later look-ups skip __getattr__
     return value
@@ -65,7 +64,7 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
-    from ringtrain import checkpoint, data, elastic, errors, events, observe, runtime, sync
+    from ringtrain import checkpoint, data, elastic, errors, observe, sync
     from ringtrain.collectives import (
         Average,
         Handle,
@@ -94,12 +93,11 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
         cross_rank,
         cross_size,
         device,
-        init,
         is_initialized,
         local_rank,
         local_size,
         rank,
-        shutdown,
         size,
     )
     from ringtrain.schedule import scale_lr, warmup
+    from ringtrain.wiring import init, shutdown

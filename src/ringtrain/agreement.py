@@ -5,14 +5,14 @@ Gloo and NCCL trust their callers: an allreduce of a (3,) tensor on one rank and
 process, for point-to-point rings). Horovod's coordinator refuses such a call on every
 rank ("Mismatched allreduce tensor shapes"). ringtrain does the same with one small
 exchange: every rank contributes a fixed-size integer *header* (which collective, the
-op, the dtype, the shape, the root, the algorithm) through one all-gather, and every
+op, the dtype, the shape, the root, the algorithm) through one small exchange, and every
 rank compares all headers with the same rule, so all of them raise the same
 :class:`~ringtrain.errors.MismatchError` or none does. Nothing of the real collective
 has been issued by then, so the job can go on after the error.
 
 The header also carries what the collective needs to know anyway (the first dimension
 of each rank's allgather input, the alltoall splits), so allgather and alltoall cost no
-extra round; allreduce, broadcast and reducescatter pay one small all-gather. The fused
+extra round; allreduce, broadcast and reducescatter pay one small exchange. The fused
 gradient exchange of the optimizers does not come through here: its layout is compared
 once, at the first step (:mod:`ringtrain.sync.signature`).
 
@@ -22,7 +22,7 @@ once, at the first step (:mod:`ringtrain.sync.signature`).
 from __future__ import annotations
 
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -44,9 +44,6 @@ _DTYPES = (
     torch.int16, torch.int32, torch.int64, torch.bool, torch.complex64, torch.complex128,
 )
 _FIXED = 7 + MAX_DIMS  # kind, op, dtype, ndim, root, variant, invalid, dims...
-
-# torch 2.13 renamed all_gather_into_tensor; keep working on torch >= 2.4.
-_all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 
 @dataclass(frozen=True)
@@ -178,17 +175,24 @@ def describe(kind: str, headers: Sequence[Header], names: Sequence[str | None] |
     return f"Mismatched {what}{label}: " + "; ".join(parts[:6]) + f" ({hint})"
 
 
-def agree(kind: str, tensor: torch.Tensor, size: int, name: str | None = None, op: int = 0,
-          root: int = -1, variant: int = 0, extra: Sequence[int] = (),
+def _sum_in_place(t: torch.Tensor) -> None:
+    dist.all_reduce(t)
+
+
+def agree(kind: str, tensor: torch.Tensor, size: int, rank: int, name: str | None = None,
+          op: int = 0, root: int = -1, variant: int = 0, extra: Sequence[int] = (),
           device: torch.device | None = None, problem: str | None = None,
-          variant_label: str | None = None) -> list[Header]:
+          variant_label: str | None = None,
+          exchange: Callable[[torch.Tensor], None] = _sum_in_place) -> list[Header]:
     """Exchange headers with every rank of the default group; raise MismatchError on
     every rank when they disagree, else return the headers by rank.
 
     ``problem``: what is wrong with this rank's call by itself (e.g. bad splits); every
     rank then raises a ConfigError naming the ranks and their problems, instead of the
     others waiting forever for a rank that gave up alone. ``device``: where the header
-    travels (NCCL moves only CUDA tensors).
+    travels (NCCL moves only CUDA tensors). ``exchange``: an in-place sum across ranks;
+    the collectives pass one with the stall timeout, so a rank that never arrives is
+    named instead of the others hanging in the check.
     """
     if len(extra) > size:
         raise ValueError(f"at most {size} extra header values, got {len(extra)}")
@@ -196,10 +200,13 @@ def agree(kind: str, tensor: torch.Tensor, size: int, name: str | None = None, o
     # different collectives exchange equal-sized headers and see the difference.
     row = encode(kind, tensor, op, root, variant, [*extra, *([0] * (size - len(extra)))],
                  invalid=problem is not None)
-    mine = torch.tensor(row, dtype=torch.int64, device=device)
-    everyone = torch.empty(size * len(row), dtype=torch.int64, device=device)
-    _all_gather_single(everyone, mine)
-    headers = [decode(r) for r in everyone.view(size, len(row)).tolist()]
+    # An all-gather written as a sum: each rank fills its own row of a zero table, so
+    # the exchange can be any allreduce (in particular one that enforces the stall
+    # timeout). int64 sums are exact.
+    table = torch.zeros(size, len(row), dtype=torch.int64, device=device)
+    table[rank] = torch.tensor(row, dtype=torch.int64, device=device)
+    exchange(table.view(-1))
+    headers = [decode(r) for r in table.tolist()]
     if any(h.invalid for h in headers):
         problems: list[str | None] = [None] * size
         dist.all_gather_object(problems, problem)

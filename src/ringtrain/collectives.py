@@ -2,9 +2,10 @@
 
 Every function takes an optional ``name``: a label that appears in errors and in the
 timeline, so a failure says which tensor was being exchanged. Reductions take a
-:class:`ReduceOp` (``Average``, ``Sum``, ``Min``, ``Max``) and an ``algorithm``:
-``"native"`` (the backend's own allreduce) or one registered by :mod:`ringtrain.sync`
-(``"ring"``, ``"ps"``).
+:class:`ReduceOp` (``Average``, ``Sum``, ``Min``, ``Max``) and an ``algorithm``: a
+strategy of :mod:`ringtrain.sync` by name (``"native"``: the backend's own allreduce,
+with the stall timeout; ``"ring"``, ``"ps"``) or an allreduce object. Before anything is
+issued the ranks compare what they submit (:mod:`ringtrain.agreement`).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 from ringtrain import agreement, runtime
-from ringtrain.errors import CollectiveError, ConfigError
+from ringtrain.errors import CollectiveError, ConfigError, NotInitializedError
 
 __all__ = [
     "AllreduceAlgorithm",
@@ -27,7 +28,6 @@ __all__ = [
     "Min",
     "ReduceOp",
     "Sum",
-    "algorithms",
     "allgather",
     "allgather_object",
     "allreduce",
@@ -40,9 +40,11 @@ __all__ = [
     "broadcast_",
     "broadcast_object",
     "reducescatter",
-    "register_algorithm",
-    "synchronize",
+    "finish_average",
+    "set_algorithm_resolver",
     "staged",
+    "synchronize",
+    "torch_op",
 ]
 
 
@@ -129,50 +131,22 @@ def staged(tensor: torch.Tensor) -> torch.Tensor:
     return tensor
 
 
-def _native_allreduce(tensor: torch.Tensor, op: ReduceOp, name: str | None) -> Handle:
-    n = runtime.size()
-    comm = staged(tensor)
-    try:
-        work = dist.all_reduce(comm, op=torch_op(op), async_op=True)
-    except RuntimeError as exc:
-        raise _fail("allreduce", name, tensor, exc) from exc
-
-    def wait() -> None:
-        try:
-            work.wait()
-        except RuntimeError as exc:
-            raise _fail("allreduce", name, tensor, exc) from exc
-        if comm is not tensor:
-            tensor.copy_(comm)
-        finish_average(tensor, op, n)
-
-    return Handle(tensor, wait, name)
+# How an ``algorithm=`` name becomes an allreduce: the strategy table of
+# :mod:`ringtrain.sync`, a layer below this one, so ``rt.init()`` hands it in
+# (:mod:`ringtrain.wiring`) rather than this module importing it.
+_resolver: Callable[[str | AllreduceAlgorithm], AllreduceAlgorithm] | None = None
 
 
-_ALGORITHMS: dict[str, AllreduceAlgorithm] = {"native": _native_allreduce}
-
-# torch 2.13 renamed all_gather_into_tensor; keep working on torch >= 2.4.
-_all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-
-
-def register_algorithm(name: str, fn: AllreduceAlgorithm) -> None:
-    """Make ``algorithm=name`` available (used by :mod:`ringtrain.sync`)."""
-    _ALGORITHMS[name] = fn
-
-
-def algorithms() -> list[str]:
-    return sorted(_ALGORITHMS)
+def set_algorithm_resolver(fn: Callable[[str | AllreduceAlgorithm], AllreduceAlgorithm] | None) -> None:
+    """Install the name -> algorithm lookup (done by ``rt.init()``)."""
+    global _resolver
+    _resolver = fn
 
 
 def _algorithm(name: str | AllreduceAlgorithm) -> AllreduceAlgorithm:
-    if callable(name):
-        return name
-    try:
-        return _ALGORITHMS[name]
-    except KeyError:
-        raise ConfigError(
-            f"unknown allreduce algorithm {name!r}; choose one of: {', '.join(algorithms())}"
-        ) from None
+    if _resolver is None:
+        raise NotInitializedError("ringtrain is not initialised; call rt.init() first")
+    return _resolver(name)
 
 
 def _op_code(op: ReduceOp) -> int:
@@ -196,8 +170,15 @@ def _agree(kind: str, tensor: torch.Tensor, name: str | None, **fields: Any) -> 
     if w.env.size == 1:
         return []
     device = runtime.device() if w.backend == "nccl" else None
+    check = f"{name or _describe(name, tensor)} ({kind} check)"
+
+    def exchange(table: torch.Tensor) -> None:
+        # The native strategy: a rank that never comes is named after stall_timeout.
+        _algorithm("native")(table, Sum, check).wait()
+
     try:
-        return agreement.agree(kind, tensor, w.env.size, name, device=device, **fields)
+        return agreement.agree(kind, tensor, w.env.size, w.env.rank, name, device=device,
+                               exchange=exchange, **fields)
     except RuntimeError as exc:
         if isinstance(exc, CollectiveError):
             raise

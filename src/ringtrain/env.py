@@ -17,12 +17,16 @@ srun       SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, SLURM_NODEID, SLURM_NNODES
 none       a 1-process world, so the same script runs without a launcher
 =========  =====================================================================
 
+Read in every dialect: TORCHELASTIC_USE_AGENT_STORE (torchrun's agent hosts the store)
+and GLOO_SOCKET_IFNAME (the interface Gloo binds).
+
 Parsing is a pure function of a mapping, so every dialect is unit-tested without
 starting processes.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import zlib
 from collections.abc import Mapping
@@ -53,7 +57,11 @@ class LaunchEnv:
     master_port: int | None  # None: a 1-process world needs no rendezvous
     attempt: int = 0  # restart count; each attempt rendezvouses under its own key prefix
     run_id: str = ""
-    store_fd: int | None = None  # a listening socket ringrun pre-bound for rank 0
+    store_fd: int | None = None  # rank 0's rendezvous port, reserved by ringrun (a bound socket)
+    #: torchrun's agent hosts the store (TORCHELASTIC_USE_AGENT_STORE): rank 0 is a client too.
+    agent_store: bool = False
+    #: GLOO_SOCKET_IFNAME as given by the user or launcher (None: not set).
+    gloo_interface: str | None = None
 
     def __post_init__(self) -> None:
         where = f"(launcher {self.launcher})"
@@ -260,6 +268,14 @@ def _from_slurm(env: Mapping[str, str]) -> LaunchEnv:
 
 def parse_env(env: Mapping[str, str]) -> LaunchEnv:
     """Describe this process's place in the job from its environment variables."""
+    return dataclasses.replace(
+        _dialect(env),
+        agent_store=env.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true",
+        gloo_interface=env.get("GLOO_SOCKET_IFNAME") or None,
+    )
+
+
+def _dialect(env: Mapping[str, str]) -> LaunchEnv:
     if env.get("RINGTRAIN_RANK") or env.get("RINGTRAIN_SIZE"):
         return _from_ringrun(env)
     if "RANK" in env or "WORLD_SIZE" in env:

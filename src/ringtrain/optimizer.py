@@ -393,7 +393,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self.synchronize()
         t0 = time.perf_counter()
         try:
-            return self._inner.step(closure) if closure is not None else self._inner.step()
+            result = self._inner.step(closure) if closure is not None else self._inner.step()
         finally:
             t_end = time.perf_counter()
             self.last_update_s = t_end - t0
@@ -401,6 +401,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 events.emit("update", t0, t_end)
                 events.emit("step_end", t_end, t_end)
             self._reset()
+        events.check_stop()  # the doctor has its steps: leave here, nothing in flight
+        return result
 
     # -- delegation ---------------------------------------------------------------------
 

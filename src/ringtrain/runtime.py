@@ -116,8 +116,7 @@ def _make_store(env: LaunchEnv, timeout: datetime.timedelta) -> dist.Store:
     if env.size == 1 and env.master_port is None:
         return dist.HashStore()
     assert env.master_port is not None  # guaranteed by LaunchEnv validation
-    agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
-    if env.rank == 0 and not agent_store:
+    if env.rank == 0 and not env.agent_store:
         base = dist.TCPStore(
             env.master_addr, env.master_port, env.size, True, timeout=timeout,
             wait_for_workers=False, master_listen_fd=_store_listener(env),
@@ -157,9 +156,9 @@ def init(backend: str | None = None, timeout: float | None = None) -> World:
         _world, _store = _join_existing(env, cfg)
         return _world
     chosen = _choose_backend(cfg.backend, env.local_size)
-    if chosen == "gloo" and _is_loopback(env.master_addr) and "GLOO_SOCKET_IFNAME" not in os.environ:
+    if chosen == "gloo" and _is_loopback(env.master_addr) and env.gloo_interface is None:
         # Gloo binds the address the host name resolves to; confine a one-host job to
-        # loopback so nothing listens on the network.
+        # loopback so nothing listens on the network. (Gloo reads only the variable.)
         os.environ["GLOO_SOCKET_IFNAME"] = "lo"
     pg_timeout = datetime.timedelta(seconds=cfg.init_timeout)
     store = _make_store(env, pg_timeout)

@@ -1,22 +1,34 @@
-"""Tunable settings: one dataclass field each, one environment variable derived from it.
+"""Tunable settings: one dataclass field each; the environment variable and the ringrun
+flag are derived from the field.
 
-Precedence, everywhere: an explicit argument in code (or a CLI flag, which ringrun
-forwards as the environment variable) > ``RINGTRAIN_<FIELD>`` in the environment >
-the default below. Launcher rank variables are not settings; they live in
-:mod:`ringtrain.env`.
+Precedence, everywhere: an explicit argument in code > ``RINGTRAIN_<FIELD>`` in the
+environment (which is what a ringrun flag sets for its workers) > the default below.
+Launcher rank variables are not settings; they live in :mod:`ringtrain.env`.
+
+``ringrun`` builds its settings flags from :func:`flag_specs` (``--stall-timeout``,
+``--no-progress``, ...) and validates them by building a :class:`Settings`, so a bad
+value is refused before any worker starts, with the same message a worker would give.
+This module imports no torch (the launcher uses it).
 """
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import MISSING, dataclass, field, fields
+from typing import Any
 
 from ringtrain.errors import ConfigError
 
-__all__ = ["Settings", "env_name", "load_settings"]
+__all__ = ["BACKENDS", "FlagSpec", "Settings", "env_name", "flag_specs", "load_settings",
+           "settings_env"]
 
-_BACKENDS = ("auto", "gloo", "nccl")
+BACKENDS = ("auto", "gloo", "nccl")
+
+
+def _setting(default: Any, help: str, choices: tuple[str, ...] | None = None) -> Any:
+    return field(default=default, metadata={"help": help, "choices": choices})
 
 
 @dataclass(frozen=True)
@@ -24,38 +36,52 @@ class Settings:
     """Settings that apply to the whole process."""
 
     #: "auto" picks NCCL when every local rank has a CUDA device, Gloo otherwise.
-    backend: str = "auto"
+    backend: str = _setting("auto", "process-group backend", BACKENDS)
     #: Seconds to wait for all ranks at the rendezvous (slow ssh starts need minutes).
-    init_timeout: float = 300.0
+    init_timeout: float = _setting(300.0, "seconds to wait for every rank at the rendezvous")
     #: Seconds a rank waits at a gradient exchange before naming the missing ranks
     #: (Horovod's stall check fires after 60 s; we use the same default).
-    stall_timeout: float = 60.0
+    stall_timeout: float = _setting(60.0, "seconds an exchange may wait before naming the "
+                                          "missing ranks")
     #: Fusion bucket size in MB (PyTorch DDP's default bucket is 25 MB).
-    fusion_mb: float = 25.0
+    fusion_mb: float = _setting(25.0, "megabytes per fused gradient bucket")
     #: Path of a Chrome trace-event JSON timeline to write; empty: off.
-    timeline: str = ""
+    timeline: str = _setting("", "write a Chrome trace (Perfetto) timeline to this path")
     #: Show rank 0's progress bar / log lines.
-    progress: bool = True
+    progress: bool = _setting(True, "rank 0's progress output")
+    #: Meter the training step (step meter, timeline, progress, doctor). Off: the event
+    #: bus has no listener at all and publishing costs one list check.
+    observe: bool = _setting(True, "step metering (timeline, progress and the doctor need it)")
 
     def __post_init__(self) -> None:
-        if self.backend not in _BACKENDS:
+        if self.backend not in BACKENDS:
             raise ConfigError(
-                f"backend {self.backend!r} is not one of {', '.join(_BACKENDS)}; "
+                f"backend {self.backend!r} is not one of {', '.join(BACKENDS)}; "
                 f"set {env_name('backend')} or pass backend= accordingly"
             )
         for name in ("init_timeout", "stall_timeout", "fusion_mb"):
-            if getattr(self, name) <= 0:
+            value = getattr(self, name)
+            # nan and inf pass a bare `> 0` test; they would break every wait later on.
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
                 raise ConfigError(
-                    f"{name} must be > 0, got {getattr(self, name)}; fix {env_name(name)}"
+                    f"{name} must be a finite number > 0, got {value}; fix {env_name(name)} "
+                    f"(or --{name.replace('_', '-')})"
                 )
 
 
-def env_name(field: str) -> str:
-    """The environment variable that sets ``field``."""
-    return f"RINGTRAIN_{field.upper()}"
+def env_name(name: str) -> str:
+    """The environment variable that sets the field ``name``."""
+    return f"RINGTRAIN_{name.upper()}"
 
 
-def _convert(field: str, kind: type, raw: str) -> object:
+_KINDS: dict[str, type] = {"str": str, "float": float, "bool": bool, "int": int}
+
+
+def _kind(name: str) -> type:
+    return _KINDS[str(next(f.type for f in fields(Settings) if f.name == name))]
+
+
+def _convert(name: str, kind: type, raw: str) -> object:
     try:
         if kind is bool:
             low = raw.strip().lower()
@@ -66,21 +92,64 @@ def _convert(field: str, kind: type, raw: str) -> object:
             raise ValueError(raw)
         return kind(raw)
     except ValueError:
-        raise ConfigError(
-            f"{env_name(field)}={raw!r} is not a valid {kind.__name__}"
-        ) from None
+        raise ConfigError(f"{env_name(name)}={raw!r} is not a valid {kind.__name__}") from None
 
 
 def load_settings(environ: Mapping[str, str] | None = None, **overrides: object) -> Settings:
     """Settings from ``environ`` (default ``os.environ``) with explicit overrides on top."""
     environ = os.environ if environ is None else environ
     values: dict[str, object] = {}
-    kinds = {"str": str, "float": float, "bool": bool, "int": int}
     for f in fields(Settings):
         raw = environ.get(env_name(f.name))
         if raw is not None:
-            values[f.name] = _convert(f.name, kinds[str(f.type)], raw)
+            values[f.name] = _convert(f.name, _kind(f.name), raw)
     for key, value in overrides.items():
         if value is not None:
             values[key] = value
     return Settings(**values)  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class FlagSpec:
+    """One command-line flag derived from a settings field."""
+
+    field: str
+    flag: str  #: e.g. ``--stall-timeout``, or ``--no-progress`` for a bool that defaults on
+    kind: type
+    help: str
+    choices: tuple[str, ...] | None
+
+
+def flag_specs() -> list[FlagSpec]:
+    """The launcher's settings flags, one per field."""
+    out = []
+    for f in fields(Settings):
+        kind = _kind(f.name)
+        dash = f.name.replace("_", "-")
+        default = f.default if f.default is not MISSING else None
+        if kind is bool:
+            flag = f"--no-{dash}" if default else f"--{dash}"
+            text = f"turn off {f.metadata['help']}" if default else f"turn on {f.metadata['help']}"
+        else:
+            flag = f"--{dash}"
+            text = f"{f.metadata['help']} (default {default!r})" if default != "" else f.metadata["help"]
+        out.append(FlagSpec(f.name, flag, kind, f"{text}; sets {env_name(f.name)}",
+                            f.metadata["choices"]))
+    return out
+
+
+def settings_env(given: Mapping[str, object], environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The ``RINGTRAIN_*`` variables for the flags the user gave (field -> value; a bool
+    flag's value is the field's new value). Validated by building the Settings the
+    workers will see, so a bad value is a ConfigError here, before any worker starts."""
+    env = {env_name(name): _format(value) for name, value in given.items() if value is not None}
+    merged = dict(os.environ if environ is None else environ)
+    merged.update(env)
+    load_settings(merged)
+    return env
+
+
+def _format(value: object) -> str:
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    return str(value)

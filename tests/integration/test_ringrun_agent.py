@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 from hosts.harness import assert_no_orphans, new_marker
 
-import ringtrain.launch.remote as remote_module
+import ringtrain.launch.agent as agent_module
 
-AGENT = str(Path(remote_module.__file__))
+AGENT = str(Path(agent_module.__file__))
 
 
 def _start(marker: str) -> subprocess.Popen[bytes]:

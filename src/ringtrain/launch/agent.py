@@ -1,197 +1,269 @@
-"""One remote host, seen from ringrun: an ssh connection to its host agent.
+"""The host agent: ringrun starts it over ssh, once per remote host and attempt.
 
-:class:`RemoteHost` starts ``ssh host <agent>``, waits for the agent's ready line, sends
-the spec (which ranks, which command, which environment) and from then on turns the
-agent's lines into rank output and exit codes (protocol in :mod:`ringtrain.launch.remote`).
-When the connection ends before a rank reported its exit, that rank counts as failed
-with :data:`HOST_LOST` (the code ssh itself uses for a connection failure).
+It runs as a plain script (``python .../ringtrain/launch/agent.py``) with the standard
+library only, so a host answers in tens of milliseconds instead of importing torch.
+ssh carries no signals, so the agent is tied to its ssh session through stdin: when
+stdin closes (ringrun stopped the job, died, or the connection broke), when ringrun's
+heartbeat (an empty line every second) has been missing for ``heartbeat_timeout``
+seconds (a network partition, where no connection closes), or when a SIGTERM / SIGHUP
+arrives, it stops every worker's process group, SIGKILLs what is left after a grace
+period, and exits. Each worker also gets PR_SET_PDEATHSIG, so a SIGKILLed agent
+takes its workers along.
+
+Protocol (one line each; ``<rank>`` is the global rank):
+
+ringrun <- agent   ``R {json}``       ready: host name, cpus, interfaces, ssh addresses
+ringrun -> agent   ``{json}``         the spec: cwd, command, ranks with their env, and for
+                                      rank 0's host the address (and port) to listen on
+                   empty lines        heartbeats, about one a second
+ringrun <- agent   ``L <port>``       rank 0's rendezvous port is reserved (bound) on this port
+                   ``S <rank> <pid>`` a worker started
+                   ``O <rank> <text>``  one line of a worker's output
+                   ``X <rank> <code>``  a worker exited (negative: killed by that signal)
+                   ``E <message>``    the agent could not do what the spec asked
 """
 
 from __future__ import annotations
 
-import collections
+import ctypes
 import json
+import os
 import signal
+import socket
 import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 from typing import IO, Any
 
-from ringtrain.launch.proc import OutputSink, die_with_parent
+if not __package__:  # run as a plain script: make this tree's ringtrain importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-__all__ = ["HOST_LOST", "RemoteHost"]
+from ringtrain import sockets  # noqa: E402 - standard library only, as this module
 
-#: Exit code given to the ranks of a host whose connection broke (ssh's own code).
-HOST_LOST = 255
+if __package__:
+    from ringtrain.launch import network
+else:  # run as a script: this file's folder is on sys.path
+    import network  # type: ignore[no-redef]
+
+__all__ = ["info", "main", "worker_extras"]
+
+_PR_SET_PDEATHSIG = 1
+GRACE_S = 1.5
 
 
-class RemoteHost:
-    """The ssh connection to one host's agent and the ranks it runs."""
+def _die_with_parent() -> None:
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except Exception:  # noqa: BLE001 - best effort
+        pass
 
-    def __init__(self, host: str, argv: list[str], ranks: tuple[int, ...], sink: OutputSink,
-                 attempt: int, env: dict[str, str]) -> None:
-        self.host = host
-        self.ranks = ranks
-        self._argv = argv
-        self._env = env
-        self._sink = sink
-        self._files = {r: sink.open_for(r, attempt) for r in ranks}
-        self.info: dict[str, Any] | None = None
-        self.port: int | None = None
-        self.error: str | None = None
-        self.pids: dict[int, int] = {}
-        self._exits: dict[int, int] = {}
-        self.ssh_tail: collections.deque[str] = collections.deque(maxlen=5)
-        self._ready = threading.Event()
-        self._lock = threading.Lock()
-        self.proc: subprocess.Popen[bytes] | None = None
-        self._threads: list[threading.Thread] = []
-        self.connect()
 
-    # -- connection -----------------------------------------------------------------
+def info() -> dict[str, Any]:
+    """What ringrun needs to know about this host before it places rank 0."""
+    conn = os.environ.get("SSH_CONNECTION", "").split()
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:
+        cpus = os.cpu_count() or 1
+    return {
+        "host": socket.gethostname(),
+        "cpus": cpus,
+        "ifaces": network.interface_addresses(),
+        # The address ringrun's host reached us at, and its own as we see it.
+        "server_addr": conn[2] if len(conn) == 4 else None,
+        "client_addr": conn[0] if len(conn) == 4 else None,
+    }
 
-    def connect(self) -> None:
-        """Start (or restart, after a refused connection) the ssh process."""
-        self.ssh_tail.clear()
-        self.proc = subprocess.Popen(
-            self._argv, env=self._env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE, start_new_session=True, preexec_fn=die_with_parent,
-        )
-        self._threads = [
-            threading.Thread(target=self._read_agent, args=(self.proc.stdout,), daemon=True),
-            threading.Thread(target=self._read_ssh, args=(self.proc.stderr,), daemon=True),
-        ]
-        for t in self._threads:
-            t.start()
 
-    def _read_ssh(self, stream: IO[bytes]) -> None:
-        for line in iter(stream.readline, b""):
-            text = line.decode(errors="replace").strip()
-            if text:
-                self.ssh_tail.append(text)
-        stream.close()
+def worker_extras(env: dict[str, str], local_size: int, cpus: int) -> dict[str, str]:
+    """Variables the agent fills in from this host's own facts (when ringrun left them unset)."""
+    extra: dict[str, str] = {}
+    if "OMP_NUM_THREADS" not in env:
+        extra["OMP_NUM_THREADS"] = str(max(1, cpus // max(1, local_size)))
+    master = env.get("MASTER_ADDR", "")
+    if master and not network.is_loopback(master) and "GLOO_SOCKET_IFNAME" not in env:
+        # Gloo otherwise binds whatever the host name resolves to, often 127.0.1.1 or an
+        # address other hosts cannot reach; use the interface that routes to rank 0.
+        source = network.source_address_for(master)
+        iface = network.interface_of_address(source) if source else None
+        if iface:
+            extra["GLOO_SOCKET_IFNAME"] = iface
+            if "NCCL_SOCKET_IFNAME" not in env:
+                extra["NCCL_SOCKET_IFNAME"] = iface
+    return extra
 
-    def _read_agent(self, stream: IO[bytes]) -> None:
-        for line in iter(stream.readline, b""):
-            kind, _, rest = line.partition(b" ")
-            if kind == b"O":
-                rank_text, _, text = rest.partition(b" ")
-                rank = int(rank_text)
-                self._sink.write(rank, text, self._files.get(rank))
-            elif kind == b"X":
-                rank_text, _, code = rest.partition(b" ")
-                with self._lock:
-                    self._exits[int(rank_text)] = int(code)
-            elif kind == b"S":
-                rank_text, _, pid = rest.partition(b" ")
-                self.pids[int(rank_text)] = int(pid)
-            elif kind == b"R":
-                self.info = json.loads(rest)
-                self._ready.set()
-            elif kind == b"L":
-                self.port = int(rest)
-            elif kind == b"E":
-                self.error = rest.decode(errors="replace").strip()
-            else:  # not from the agent (a login banner, a shell error): keep it for the report
-                self.ssh_tail.append(line.decode(errors="replace").strip())
-        stream.close()
 
-    def ssh_done(self) -> bool:
-        return self.proc is None or self.proc.poll() is not None
+class _Agent:
+    def __init__(self, out: IO[bytes]) -> None:
+        self.out = out
+        self.lock = threading.Lock()
+        self.procs: dict[int, subprocess.Popen[bytes]] = {}
+        self.pumps: dict[int, threading.Thread] = {}
+        self.stopping = threading.Event()
+        self.last_heard = time.monotonic()
+        self.heartbeat_timeout = 0.0  # 0: no heartbeat expected
 
-    def wait_ready(self, deadline: float) -> bool:
-        """Wait for the agent's ready line; False when ssh ended or the deadline passed first."""
-        while time.monotonic() < deadline:
-            if self._ready.wait(0.02):
-                return True
-            if self.ssh_done():
-                return self._ready.wait(0.2)
-        return self._ready.is_set()
+    def send(self, line: bytes) -> None:
+        with self.lock:
+            try:
+                self.out.write(line if line.endswith(b"\n") else line + b"\n")
+                self.out.flush()
+            except (BrokenPipeError, ValueError, OSError):
+                self.stopping.set()  # ringrun is gone: stop the workers
 
-    def problem(self) -> str:
-        """Why this host is not up, in ssh's or the agent's words."""
-        if self.error:
-            return self.error
-        if self.ssh_tail:
-            return self.ssh_tail[-1]
-        if self.proc is not None and self.proc.poll() is not None:
-            return f"ssh exited with code {self.proc.returncode}"
-        return "no answer"
-
-    def send_spec(self, spec: dict[str, Any]) -> None:
-        assert self.proc is not None and self.proc.stdin is not None
-        try:
-            self.proc.stdin.write(json.dumps(spec).encode() + b"\n")
-            self.proc.stdin.flush()
-        except (BrokenPipeError, OSError):
-            pass  # the connection broke: exits() reports it
-
-    def heartbeat(self) -> None:
-        """Tell the agent ringrun is alive (it stops its ranks after a silence)."""
-        if self.proc is None or self.proc.stdin is None or self.proc.stdin.closed:
+    def _send_nowait(self, text: str) -> None:
+        if not self.lock.acquire(timeout=0.5):
             return
         try:
-            self.proc.stdin.write(b"\n")
-            self.proc.stdin.flush()
-        except (BrokenPipeError, OSError, ValueError):
+            os.set_blocking(self.out.fileno(), False)
+            self.out.write(text.encode() + b"\n")
+            self.out.flush()
+        except (OSError, ValueError):
             pass
+        finally:
+            self.lock.release()
 
-    def wait_port(self, deadline: float) -> int | None:
-        while self.port is None and self.error is None and time.monotonic() < deadline:
-            if self.ssh_done():
-                time.sleep(0.1)  # let the reader take the last lines
-                break
-            time.sleep(0.01)
-        return self.port
-
-    # -- member interface (see proc.Member) -----------------------------------------
-
-    def exits(self) -> dict[int, int]:
-        with self._lock:
-            found = dict(self._exits)
-        if self.ssh_done() and not self._threads[0].is_alive() and len(found) < len(self.ranks):
-            for r in self.ranks:
-                found.setdefault(r, HOST_LOST)
-        return found
-
-    def lost(self) -> bool:
-        """True when the connection ended before every rank reported its exit."""
-        with self._lock:
-            reported = len(self._exits)
-        return self.ssh_done() and reported < len(self.ranks)
-
-    def alive(self) -> bool:
-        return not self.ssh_done()
-
-    def where(self, rank: int) -> str:
-        pid = self.pids.get(rank)
-        return f"pid {pid} on {self.host}" if pid else f"on {self.host}"
-
-    def request_stop(self) -> None:
-        # End of input tells the agent to stop its workers (ssh forwards no signals).
-        if self.proc is not None and self.proc.stdin is not None and not self.proc.stdin.closed:
+    def start(self, spec: dict[str, Any], listener: socket.socket | None) -> None:
+        cwd = spec.get("cwd")
+        if cwd and not os.path.isdir(cwd):
+            raise _Refused(f"working directory {cwd} does not exist on host {socket.gethostname()}; "
+                           "the same path must exist on every host")
+        cpus = info()["cpus"]
+        for item in spec["ranks"]:
+            rank = int(item["rank"])
+            env = dict(os.environ)
+            env.update(item["env"])
+            env.update(worker_extras(item["env"], int(item["local_size"]), cpus))
+            fds: tuple[int, ...] = ()
+            if listener is not None and rank == 0:
+                env["RINGTRAIN_STORE_FD"] = str(listener.fileno())
+                fds = (listener.fileno(),)
             try:
-                self.proc.stdin.close()
-            except OSError:
+                proc = subprocess.Popen(
+                    spec["command"], env=env, cwd=cwd or None, stdin=subprocess.DEVNULL,
+                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+                    pass_fds=fds, preexec_fn=_die_with_parent,
+                )
+            except OSError as exc:
+                raise _Refused(f"cannot run {spec['command'][0]!r} on host {socket.gethostname()}: "
+                               f"{exc.strerror}; check PATH there (pass it with -x PATH)") from None
+            self.procs[rank] = proc
+            self.send(f"S {rank} {proc.pid}".encode())
+            pump = threading.Thread(target=self._pump, args=(rank, proc), daemon=True)
+            pump.start()
+            self.pumps[rank] = pump
+
+    def _pump(self, rank: int, proc: subprocess.Popen[bytes]) -> None:
+        assert proc.stdout is not None
+        head = f"O {rank} ".encode()
+        for line in iter(proc.stdout.readline, b""):
+            self.send(head + line)
+
+    def watch(self) -> int:
+        """Report exits until every worker is done or a stop is requested; the exit code."""
+        reported: dict[int, int] = {}
+        while len(reported) < len(self.procs):
+            quiet = time.monotonic() - self.last_heard
+            if self.heartbeat_timeout and quiet > self.heartbeat_timeout:
+                # Partitioned: the way back to ringrun may be blocked (a full pipe to sshd),
+                # so stop the ranks first and report without waiting on that way.
+                self.stop()
+                self._send_nowait(f"E no word from ringrun for {quiet:.0f}s; stopped this host's ranks")
+                return 3
+            if self.stopping.is_set():
+                self.stop()
+            for rank, proc in self.procs.items():
+                code = proc.poll()
+                if code is not None and rank not in reported:
+                    self.pumps[rank].join(1.0)  # its last lines before its exit
+                    reported[rank] = code
+                    self.send(f"X {rank} {code}".encode())
+            time.sleep(0.02)
+        return next((abs(c) for c in reported.values() if c != 0), 0)
+
+    def stop(self) -> None:
+        for proc in self.procs.values():
+            _killpg(proc.pid, signal.SIGTERM)
+        deadline = time.monotonic() + GRACE_S
+        while time.monotonic() < deadline and any(p.poll() is None for p in self.procs.values()):
+            time.sleep(0.02)
+        for proc in self.procs.values():
+            _killpg(proc.pid, signal.SIGKILL)  # the group too: loader workers, shells
+            try:
+                proc.wait(2.0)
+            except subprocess.TimeoutExpired:
                 pass
 
-    def force_kill(self) -> None:
-        if self.proc is None:
-            return
-        # Killing ssh closes the connection, which the agent also takes as "stop".
-        try:
-            self.proc.send_signal(signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        try:
-            self.proc.wait(2.0)
-        except subprocess.TimeoutExpired:
-            pass
 
-    def finish_output(self, timeout: float = 2.0) -> None:
-        for t in self._threads:
-            t.join(timeout)
-        for r, f in list(self._files.items()):
-            if f is not None:
-                f.close()
-            self._files[r] = None
+class _Refused(Exception):
+    pass
+
+
+def _killpg(pid: int, sig: int) -> None:
+    try:
+        os.killpg(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _reserve(addr: str, port: int) -> socket.socket:
+    """Reserve rank 0's rendezvous port on this host (see :mod:`ringtrain.sockets`)."""
+    try:
+        return sockets.reserve(addr, port)
+    except OSError as exc:
+        if port and sockets.in_use(exc):
+            raise _Refused(f"port {port} on {addr} is in use on host {socket.gethostname()}; "
+                           "choose another --master-port or omit it") from None
+        raise _Refused(f"cannot listen on {addr}:{port} on host {socket.gethostname()} "
+                       f"({exc.strerror}); pass --master-addr or --network-interface with an "
+                       "address of rank 0's host") from None
+
+
+def _watch_stdin(agent: _Agent, stdin: IO[bytes]) -> None:
+    # Lines after the spec are heartbeats; end of input means "stop now".
+    while stdin.readline():
+        agent.last_heard = time.monotonic()
+    agent.stopping.set()
+
+
+def main() -> int:
+    out = sys.stdout.buffer
+    agent = _Agent(out)
+    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+        signal.signal(sig, lambda *_: agent.stopping.set())
+    agent.send(b"R " + json.dumps(info()).encode())
+    stdin = sys.stdin.buffer
+    first = stdin.readline()
+    if not first.strip():
+        return 0  # ringrun went away before sending a spec (e.g. another host failed)
+    listener = None
+    try:
+        spec = json.loads(first)
+        agent.heartbeat_timeout = float(spec.get("heartbeat_timeout") or 0)
+        agent.last_heard = time.monotonic()
+        if spec.get("listen"):
+            listener = _reserve(spec["listen"]["addr"], int(spec["listen"]["port"]))
+            port = listener.getsockname()[1]
+            agent.send(f"L {port}".encode())
+            for item in spec["ranks"]:
+                item["env"]["MASTER_PORT"] = str(port)
+        agent.start(spec, listener)
+    except _Refused as exc:
+        agent.send(f"E {exc}".encode())
+        agent.stop()
+        return 2
+    finally:
+        if listener is not None:
+            listener.close()  # rank 0 holds its own copy
+    threading.Thread(target=_watch_stdin, args=(agent, stdin), daemon=True).start()
+    return agent.watch()
+
+
+if __name__ == "__main__":
+    status = main()
+    sys.stdout.flush()
+    # os._exit: the stdin watcher thread may sit in a read, and a normal interpreter
+    # exit aborts (SIGABRT) when a daemon thread holds stdin's buffer lock.
+    os._exit(status)

@@ -4,8 +4,10 @@
     ringrun -np 16 -H server1:4,server2:4,server3:4,server4:4 python train.py
     ringrun -np 8 --hostfile hosts.txt --max-restarts 3 python train.py
 
-Parsing and checking are pure (``build_config``); ``main`` is the only place that
-turns errors into a message and an exit code.
+Parsing and checking are pure (``build_config``: a config and its warnings); ``main``
+is the only place that prints them and turns errors into a message and an exit code.
+The settings flags (``--stall-timeout``, ``--no-progress``, ...) are derived from
+:class:`ringtrain.settings.Settings`, one per field.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from ringtrain.launch import network
 from ringtrain.launch.hosts import Host, is_local_host, parse_hostfile, parse_hosts, place_ranks
 from ringtrain.launch.job import JobConfig, run_job
 from ringtrain.launch.ssh import SshOptions, parse_ssh_option
+from ringtrain.settings import flag_specs, settings_env
 
 __all__ = ["build_config", "build_parser", "main"]
 
@@ -58,11 +61,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--master-port", type=int, help="rendezvous port (default: a free one)")
     p.add_argument("--start-timeout", type=float, default=30.0,
                    help="seconds to wait for every remote host's agent to answer (default 30)")
-    p.add_argument("--backend", choices=["auto", "gloo", "nccl"], help="sets RINGTRAIN_BACKEND")
-    p.add_argument("--stall-timeout", type=float, help="sets RINGTRAIN_STALL_TIMEOUT (seconds)")
-    p.add_argument("--fusion-mb", type=float, help="sets RINGTRAIN_FUSION_MB")
-    p.add_argument("--timeline", help="sets RINGTRAIN_TIMELINE: write a Chrome trace to this path")
-    p.add_argument("--no-progress", action="store_true", help="sets RINGTRAIN_PROGRESS=0")
+    settings = p.add_argument_group("settings (each sets its RINGTRAIN_* variable for every worker)")
+    for spec in flag_specs():
+        if spec.kind is bool:
+            settings.add_argument(spec.flag, dest=f"setting_{spec.field}", action="store_const",
+                                  const=spec.flag.startswith("--" + spec.field.replace("_", "-")),
+                                  default=None, help=spec.help)
+        else:
+            settings.add_argument(spec.flag, dest=f"setting_{spec.field}", type=spec.kind,
+                                  choices=spec.choices, default=None, help=spec.help,
+                                  metavar=None if spec.choices else spec.field.split("_")[-1].upper())
     p.add_argument("command", nargs=argparse.REMAINDER, help="the command to run, e.g. python train.py")
     return p
 
@@ -83,16 +91,8 @@ def _check_command(command: list[str]) -> None:
 
 
 def _settings_env(args: argparse.Namespace) -> dict[str, str]:
-    env: dict[str, str] = {}
-    for flag in ("backend", "stall_timeout", "fusion_mb", "timeline"):
-        value = getattr(args, flag)
-        if value is not None:
-            if flag in ("stall_timeout", "fusion_mb") and value <= 0:
-                raise ConfigError(f"--{flag.replace('_', '-')} must be > 0, got {value}")
-            env[f"RINGTRAIN_{flag.upper()}"] = str(value)
-    if args.no_progress:
-        env["RINGTRAIN_PROGRESS"] = "0"
-    return env
+    given = {spec.field: getattr(args, f"setting_{spec.field}") for spec in flag_specs()}
+    return settings_env(given)
 
 
 def _ssh_options(args: argparse.Namespace) -> SshOptions:
@@ -107,12 +107,13 @@ def _ssh_options(args: argparse.Namespace) -> SshOptions:
     )
 
 
-def _check_interface(name: str | None, any_local: bool, multi_host: bool) -> str | None:
+def _check_interface(name: str | None, any_local: bool, multi_host: bool,
+                     warnings: list[str]) -> str | None:
     if name is None:
         return None
     if not multi_host:
-        print(f"ringrun: warning: --network-interface {name} has no effect on a one-host job "
-              "(it stays on loopback)", file=sys.stderr)
+        warnings.append(f"--network-interface {name} has no effect on a one-host job "
+                        "(it stays on loopback)")
         return None
     if any_local and network.address_of_interface(name) is None:
         have = ", ".join(network.interface_addresses()) or "none"
@@ -156,6 +157,8 @@ def build_config(argv: list[str]) -> JobConfig:
     placements = place_ranks(hosts, args.np)
     multi_host = any(not is_local_host(p.host) for p in placements)
     any_local = any(is_local_host(p.host) for p in placements)
+    warnings: list[str] = []
+    interface = _check_interface(args.network_interface, any_local, multi_host, warnings)
     if sum(is_local_host(h.name) for h in hosts) > 1:
         raise ConfigError("this host is listed more than once (e.g. localhost and 127.0.0.1); "
                           "list it once with its total slots")
@@ -170,14 +173,17 @@ def build_config(argv: list[str]) -> JobConfig:
         master_port=args.master_port,
         settings_env=_settings_env(args),
         ssh=_ssh_options(args),
-        network_interface=_check_interface(args.network_interface, any_local, multi_host),
+        network_interface=interface,
         start_timeout=args.start_timeout,
+        warnings=tuple(warnings),
     )
 
 
 def main(argv: list[str] | None = None) -> int:
     try:
         cfg = build_config(list(sys.argv[1:] if argv is None else argv))
+        for warning in cfg.warnings:
+            print(f"ringrun: warning: {warning}", file=sys.stderr)
         return run_job(cfg)
     except ConfigError as exc:
         print(f"ringrun: error: {exc}", file=sys.stderr)

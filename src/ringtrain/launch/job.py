@@ -3,7 +3,7 @@
 A job is a list of placements (rank -> host) and a command. Local ranks are child
 processes (:class:`~ringtrain.launch.proc.Worker`); each remote host is one ssh
 connection to a host agent that runs that host's ranks
-(:class:`~ringtrain.launch.agent.RemoteHost`). Each attempt gets a fresh rendezvous
+(:class:`~ringtrain.launch.remote.RemoteHost`). Each attempt gets a fresh rendezvous
 (new listening socket, new ``RINGTRAIN_ATTEMPT`` key prefix) so nothing of a dead
 attempt is reused. ``run_job`` returns the exit code ringrun should exit with.
 
@@ -28,10 +28,10 @@ from typing import Any
 from ringtrain import sockets
 from ringtrain.errors import ConfigError, LaunchError
 from ringtrain.launch import network
-from ringtrain.launch.agent import HOST_LOST, RemoteHost
+from ringtrain.launch.agent import worker_extras
 from ringtrain.launch.hosts import Placement, is_local_host
 from ringtrain.launch.proc import Member, OutputSink, Worker, stop_all
-from ringtrain.launch.remote import worker_extras
+from ringtrain.launch.remote import HOST_LOST, RemoteHost
 from ringtrain.launch.ssh import SshOptions, agent_command, forwarded_env, ssh_argv
 
 __all__ = ["JobConfig", "choose_master_addr", "describe_exit", "run_job", "worker_env"]
@@ -68,6 +68,8 @@ class JobConfig:
     python: str = sys.executable
     #: Seconds of silence from ringrun after which a host agent stops its ranks.
     heartbeat_timeout: float = HEARTBEAT_TIMEOUT_S
+    #: What the user should know but that does not stop the job (``main`` prints it).
+    warnings: tuple[str, ...] = ()
 
     @property
     def hosts(self) -> list[str]:

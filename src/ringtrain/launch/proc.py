@@ -4,7 +4,7 @@ Every worker runs in its own session (process group), so stopping it also stops 
 processes it started (data-loader workers, shells). A worker whose launcher dies is
 killed by the kernel (PR_SET_PDEATHSIG), so a SIGKILLed ringrun leaves no orphans.
 
-A :class:`Worker` (one local rank) and a :class:`~ringtrain.launch.agent.RemoteHost`
+A :class:`Worker` (one local rank) and a :class:`~ringtrain.launch.remote.RemoteHost`
 (every rank of one remote host) are both *members* of an attempt: they answer
 ``exits()`` and ``alive()`` and obey ``request_stop()`` / ``force_kill()``, which is
 all :func:`stop_all` and the job's watch loop need.

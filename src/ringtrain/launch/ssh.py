@@ -1,6 +1,6 @@
 """How ringrun reaches another host: the OpenSSH command line and what it forwards (pure).
 
-One ssh connection per host and attempt runs the host agent (:mod:`ringtrain.launch.remote`),
+One ssh connection per host and attempt runs the host agent (:mod:`ringtrain.launch.agent`),
 which starts that host's ranks. Options, and why:
 
 - ``BatchMode=yes``: never prompt for a password (a prompt would hang a job start).
@@ -38,7 +38,7 @@ __all__ = [
 FORWARDED_NAMES = ("PATH", "PYTHONPATH", "VIRTUAL_ENV", "LD_LIBRARY_PATH")
 FORWARDED_PREFIXES = ("RINGTRAIN_", "NCCL_", "GLOO_")
 
-_AGENT = Path(__file__).resolve().with_name("remote.py")
+_AGENT = Path(__file__).resolve().with_name("agent.py")
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,7 @@
 """Where a training step's time goes: step meter, timeline, progress, GPU sampling, doctor.
 
-Metering starts by itself with the first step (see :mod:`ringtrain.observe.session`)::
+Metering is switched on by ``rt.init()`` (setting ``observe``, on by default) and
+starts with the first step (see :mod:`ringtrain.observe.session`)::
 
     import ringtrain as rt
     ...
@@ -13,7 +14,6 @@ A data source that is not ``rt.data.Loader`` is made visible with
 
 from __future__ import annotations
 
-from ringtrain.observe import session as _session
 from ringtrain.observe.instrument import Instrumented, instrument, span
 from ringtrain.observe.meter import PHASES, Meter, StepRecord
 from ringtrain.observe.session import current, flush, start, stop, summary
@@ -22,6 +22,3 @@ __all__ = [
     "summary", "instrument", "Instrumented", "span", "start", "stop", "flush", "current",
     "Meter", "StepRecord", "PHASES",
 ]
-
-# Metering begins at the first event any publisher emits; until then it costs nothing.
-_session.arm()

@@ -32,7 +32,7 @@ from ringtrain.observe.session import DOCTOR_ENV, DOCTOR_STEPS_ENV, DOCTOR_WARMU
 from ringtrain.observe.timeline import merge
 from ringtrain.observe.verdict import diagnose, render
 
-__all__ = ["main", "build_parser", "load_reports", "EXIT_USAGE", "EXIT_NO_STEPS"]
+__all__ = ["main", "build_parser", "build_command", "load_reports", "EXIT_USAGE", "EXIT_NO_STEPS"]
 
 EXIT_USAGE = 2
 EXIT_NO_STEPS = 3
@@ -76,7 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _command(args: argparse.Namespace) -> list[str]:
+def build_command(args: argparse.Namespace) -> list[str]:
     command = list(args.command)
     if command and command[0] == "--":
         command = command[1:]
@@ -148,7 +148,7 @@ def _say(message: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
-        command = _command(args)
+        command = build_command(args)
     except _UsageError as exc:
         print(f"ringtrain doctor: error: {exc}", file=sys.stderr)
         return EXIT_USAGE

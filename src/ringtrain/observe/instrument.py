@@ -73,6 +73,7 @@ class Instrumented(Generic[T]):
         kind = type(self.source).__name__ if has_workers else "iterable"
         clock = time.perf_counter
         while True:
+            events.check_stop()  # the doctor has its steps: leave before the next batch
             t0 = clock()
             try:
                 item = next(it)

@@ -1,12 +1,12 @@
 """The process-wide meter session: one subscriber on :mod:`ringtrain.events` feeding the
 step meter, the timeline, the progress display, GPU sampling and the doctor's report.
 
-It starts by itself: importing :mod:`ringtrain.observe` subscribes a one-shot
-bootstrap listener, and the first event any publisher emits (the loader's first
-``data_wait``, the optimizer's first exchange) creates the session and hands the event
-on. A process that never trains therefore pays nothing, and ``rt.init()`` needs no
-call into this layer. :func:`stop` turns it off for good; :func:`start` (re)starts it
-with explicit options.
+Importing this module does nothing. ``rt.init()`` calls :func:`arm` when the
+``observe`` setting is on (the default) or the doctor asks: that subscribes one
+listener, and the first event any publisher emits (the loader's first ``data_wait``,
+the optimizer's first exchange) creates the session and hands the event on, so a
+process that never trains pays nothing more. :func:`stop` turns it off;
+:func:`start` (re)starts it with explicit options.
 
 The doctor (``ringtrain doctor``) talks to the ranks through three environment
 variables, read only here:
@@ -14,7 +14,8 @@ variables, read only here:
 =========================  ==========================================================
 ``RINGTRAIN_DOCTOR``       directory where each rank writes ``meter-rank<R>-<pid>.json``
 ``RINGTRAIN_DOCTOR_STEPS`` measured steps after which the rank writes its report and
-                           leaves with ``SystemExit(0)`` raised from ``opt.step()``
+                           leaves with ``SystemExit(0)`` at the loop's next check
+                           (the end of ``opt.step()`` or the next batch)
                            (0: run the script to its end; reports are written at exit)
 ``RINGTRAIN_DOCTOR_WARMUP`` steps left out of the statistics (default 5)
 =========================  ==========================================================
@@ -41,7 +42,7 @@ from ringtrain.observe.timeline import TraceRecorder, part_path, wait_and_merge,
 
 __all__ = [
     "DoctorRequest", "doctor_request", "Session", "start", "stop", "flush", "current",
-    "summary", "DOCTOR_ENV", "DOCTOR_STEPS_ENV", "DOCTOR_WARMUP_ENV", "REPORT_VERSION",
+    "summary", "arm", "disarm", "DOCTOR_ENV", "DOCTOR_STEPS_ENV", "DOCTOR_WARMUP_ENV", "REPORT_VERSION",
 ]
 
 log = logging.getLogger("ringtrain.observe")
@@ -197,10 +198,9 @@ class Session:
         if doctor is not None and doctor.steps and not self.reported \
                 and self.meter.measured >= doctor.steps:
             self.write_report(complete=True)
-            # Every rank counts the same steps, so all leave after the same step with no
-            # collective in flight; SystemExit (not os._exit) lets the script's finally
-            # blocks, the loader's clean-up and our atexit flush run.
-            raise SystemExit(0)
+            # The loop leaves at its next check (events.check_stop): a listener never
+            # raises into the publisher's code.
+            events.request_stop()
 
     # -- reading ------------------------------------------------------------------------
 
@@ -381,7 +381,13 @@ def summary(scope: str = "window") -> dict[str, Any]:
 
 
 def arm() -> None:
-    """Start a session by itself at the first event (done when ringtrain.observe is imported)."""
+    """Start a session by itself at the first event (``rt.init()`` does this when the
+    ``observe`` setting is on or the doctor asks)."""
     global _armed
     _armed = True
     events.subscribe(_listen)
+
+
+def disarm() -> None:
+    """No listener on the bus (``RINGTRAIN_OBSERVE=0``); a running session is flushed."""
+    stop()

@@ -7,9 +7,11 @@
     ps       parameter server on ranks 0..k-1, k = ps_servers                (ps.py)
 
 Each is an allreduce algorithm object, ``strategy(tensor, op, name) -> Handle``, usable
-as ``rt.allreduce(t, algorithm=...)`` and ``DistributedOptimizer(strategy=...)``.
-Importing this package registers ``"ring"`` and ``"ps"`` with
-:mod:`ringtrain.collectives`.
+as ``rt.allreduce(t, algorithm=...)`` and ``DistributedOptimizer(strategy=...)``. The
+classes share :mod:`~ringtrain.sync.base`; :mod:`~ringtrain.sync.table` is the one list
+of them. Importing this package registers nothing: ``rt.init()`` hands
+:func:`~ringtrain.sync.table.resolve` to the collectives and :func:`close` to the
+runtime's shutdown (see :mod:`ringtrain.wiring`).
 
 Around the strategies: :mod:`~ringtrain.sync.signature` compares what ranks will
 exchange at the first step (MismatchError), :mod:`~ringtrain.sync.stall` names the ranks
@@ -20,15 +22,15 @@ point-to-point strategies run on. See docs/sync.md for measurements.
 
 from __future__ import annotations
 
-from ringtrain import collectives, runtime
 from ringtrain.sync import channel as _channel
 from ringtrain.sync import stall as _stall
+from ringtrain.sync.base import P2PStrategy, Strategy
 from ringtrain.sync.native import Native
 from ringtrain.sync.ps import ParameterServer
 from ringtrain.sync.ring import Ring
 from ringtrain.sync.signature import check_exchange, check_signature, entry
 from ringtrain.sync.stall import tracker
-from ringtrain.sync.strategy import STRATEGIES, P2PStrategy, Strategy, make_strategy
+from ringtrain.sync.table import STRATEGIES, make_strategy, resolve
 
 __all__ = [
     "Strategy",
@@ -38,6 +40,7 @@ __all__ = [
     "ParameterServer",
     "STRATEGIES",
     "make_strategy",
+    "resolve",
     "check_signature",
     "check_exchange",
     "entry",
@@ -51,10 +54,3 @@ def close() -> None:
     ring/ps exchange or optimizer step starts them again for the current world)."""
     _channel.close()
     _stall.close()
-
-
-runtime.add_shutdown_hook(close)
-
-# Defaults read stall_timeout from the settings at each call.
-collectives.register_algorithm("ring", Ring())
-collectives.register_algorithm("ps", ParameterServer())

@@ -15,7 +15,7 @@ import torch.distributed as dist
 from ringtrain import collectives, runtime
 from ringtrain.collectives import Handle, ReduceOp, finish_average, torch_op
 from ringtrain.sync import stall
-from ringtrain.sync.strategy import Strategy
+from ringtrain.sync.base import Strategy
 
 __all__ = ["Native"]
 

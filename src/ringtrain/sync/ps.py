@@ -26,9 +26,9 @@ import torch
 from ringtrain.collectives import ReduceOp, finish_average
 from ringtrain.errors import ConfigError
 from ringtrain.sync._tensors import Span, aligned_spans, combine_, even_spans
+from ringtrain.sync.base import P2PStrategy
 from ringtrain.sync.channel import Channel
 from ringtrain.sync.ring import auto_chunks
-from ringtrain.sync.strategy import P2PStrategy
 
 __all__ = ["ParameterServer", "shard_plan"]
 
@@ -49,6 +49,8 @@ class ParameterServer(P2PStrategy):
     """Parameter server on ranks ``0..servers-1`` (default: one server, rank 0)."""
 
     name = "ps"
+    options = {"stall_timeout": "stall_timeout", "ps_servers": "servers",
+               "chunks_per_rank": "chunks_per_rank"}
 
     def __init__(
         self,

@@ -27,8 +27,8 @@ import torch
 from ringtrain.collectives import ReduceOp, finish_average
 from ringtrain.errors import ConfigError
 from ringtrain.sync._tensors import Span, combine_, even_spans
+from ringtrain.sync.base import P2PStrategy
 from ringtrain.sync.channel import Channel
-from ringtrain.sync.strategy import P2PStrategy
 
 __all__ = ["Ring", "ring_schedule", "auto_chunks"]
 
@@ -65,6 +65,7 @@ class Ring(P2PStrategy):
     """Ring-allreduce. ``chunks_per_rank``: pipeline pieces per segment (None: by size)."""
 
     name = "ring"
+    options = {"stall_timeout": "stall_timeout", "chunks_per_rank": "chunks_per_rank"}
 
     def __init__(self, chunks_per_rank: int | None = None, stall_timeout: float | None = None) -> None:
         super().__init__(stall_timeout)

@@ -11,12 +11,13 @@ import time
 import torch
 
 import ringtrain as rt
+import ringtrain.runtime
 
 mode = sys.argv[1] if len(sys.argv) > 1 else "ok"
 rt.init()
 total = rt.allreduce(torch.tensor([float(rt.rank() + 1)]), op=rt.Sum).item()
 print(f"rank={rt.rank()} size={rt.size()} local={rt.local_rank()}/{rt.local_size()} "
-      f"launcher={rt.runtime.world().env.launcher} sum={total:g}", flush=True)
+      f"launcher={ringtrain.runtime.world().env.launcher} sum={total:g}", flush=True)
 if mode.startswith("fail-rank-"):
     if rt.rank() == int(mode.rsplit("-", 1)[1]):
         time.sleep(0.5)

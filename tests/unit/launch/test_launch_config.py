@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from ringtrain.errors import ConfigError
-from ringtrain.launch.cli import build_config
+from ringtrain.launch.cli import build_config, build_parser
 from ringtrain.launch.hosts import Host, place_ranks
 from ringtrain.launch.job import JobConfig, choose_master_addr, worker_env
 
@@ -31,13 +31,32 @@ def test_multi_host_flags_reach_the_config(tmp_path: Path) -> None:
 def test_network_interface_on_one_host_is_dropped_with_a_warning(capsys: pytest.CaptureFixture[str]) -> None:
     cfg = build_config(["-np", "2", "--network-interface", "eth9", PY, "-c", "pass"])
     assert cfg.network_interface is None
-    assert "no effect on a one-host job" in capsys.readouterr().err
+    assert any("no effect on a one-host job" in w for w in cfg.warnings)
+    assert capsys.readouterr().err == "", "build_config is pure: main prints the warnings"
+
+
+def test_settings_flags_are_derived_from_the_settings_fields() -> None:
+    from ringtrain.settings import Settings, env_name
+
+    cfg = build_config(["-np", "1", "--stall-timeout", "7", "--fusion-mb", "4", "--backend", "gloo",
+                        "--no-progress", "--no-observe", "--timeline", "/tmp/t.json", PY])
+    assert cfg.settings_env == {
+        "RINGTRAIN_STALL_TIMEOUT": "7.0", "RINGTRAIN_FUSION_MB": "4.0", "RINGTRAIN_BACKEND": "gloo",
+        "RINGTRAIN_PROGRESS": "0", "RINGTRAIN_OBSERVE": "0", "RINGTRAIN_TIMELINE": "/tmp/t.json"}
+    flags = build_parser().format_help()
+    for name in Settings.__dataclass_fields__:
+        assert name.replace("_", "-") in flags, f"no ringrun flag for setting {name}"
+        assert env_name(name) in flags
 
 
 @pytest.mark.parametrize("argv,fragment", [
     (["-np", "2", "--bogus", PY], "unrecognized arguments: --bogus"),
     (["-np", "2", "-H", "localhost:1,127.0.0.1:1", PY], "listed more than once"),
     (["-np", "1", "--start-timeout", "0", PY], "--start-timeout must be > 0"),
+    (["-np", "1", "--stall-timeout", "inf", PY], "stall_timeout must be a finite number > 0"),
+    (["-np", "1", "--stall-timeout", "nan", PY], "stall_timeout must be a finite number > 0"),
+    (["-np", "1", "--fusion-mb", "0", PY], "fusion_mb must be a finite number > 0"),
+    (["-np", "1", "--backend", "mpi", PY], "invalid choice"),
     (["-np", "1", "-H", "a", "-i", "/nonexistent/key", PY], "cannot be read"),
     (["-np", "1", "-H", "a", "-p", "0", PY], "not a TCP port"),
     (["-np", "2", "-H", "localhost:1,a:1", "--network-interface", "nope0", PY], "no IPv4 address"),

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ringtrain.launch import network
-from ringtrain.launch.remote import info, worker_extras
+from ringtrain.launch.agent import info, worker_extras
 
 
 def test_loopback_is_recognised() -> None:

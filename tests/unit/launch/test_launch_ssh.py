@@ -51,8 +51,8 @@ def test_ssh_option_must_be_key_value(text: str) -> None:
 
 
 def test_agent_command_quotes_paths_and_execs() -> None:
-    cmd = agent_command("/opt/my env/bin/python", "/src/ringtrain/launch/remote.py")
-    assert shlex.split(cmd) == ["exec", "/opt/my env/bin/python", "/src/ringtrain/launch/remote.py"]
+    cmd = agent_command("/opt/my env/bin/python", "/src/ringtrain/launch/agent.py")
+    assert shlex.split(cmd) == ["exec", "/opt/my env/bin/python", "/src/ringtrain/launch/agent.py"]
 
 
 def test_forwarded_env_is_a_short_list_plus_exports() -> None:

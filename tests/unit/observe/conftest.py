@@ -6,6 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from ringtrain import events
 from ringtrain.observe import session
 
 
@@ -14,3 +15,4 @@ def _no_session() -> Iterator[None]:
     session.stop()
     yield
     session.stop()
+    events._stop_requested = False  # a doctor test's request must not end the next test

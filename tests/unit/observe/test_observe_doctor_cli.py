@@ -25,8 +25,8 @@ def test_usage_errors_are_one_line_and_exit_2(argv: list[str], message: str,
 
 def test_ringrun_is_used_for_more_than_one_rank() -> None:
     args = doctor.build_parser().parse_args(["-np", "3", "--", "python", "t.py"])
-    command = doctor._command(args)
+    command = doctor.build_command(args)
     assert command[1:5] == ["-m", "ringtrain.launch.cli", "-np", "3"]
     assert command[-2:] == ["python", "t.py"]
-    one = doctor._command(doctor.build_parser().parse_args(["python", "t.py", "--lr", "1"]))
+    one = doctor.build_command(doctor.build_parser().parse_args(["python", "t.py", "--lr", "1"]))
     assert one == ["python", "t.py", "--lr", "1"]

@@ -1,4 +1,4 @@
-"""The session: starts by itself, stops for good, and serves the doctor."""
+"""The session: starts at the first event once armed, stops for good, and serves the doctor."""
 
 from __future__ import annotations
 
@@ -55,8 +55,10 @@ def test_doctor_mode_reports_and_leaves_after_the_measured_steps(
     session.start(progress=False, gpu=False)
     _steps(4)  # 2 warm-up + 2 measured: not yet
     assert list(tmp_path.glob("meter-*.json")) == []
+    events.check_stop()  # nothing asked yet
+    _steps(1, t=10.0)  # the listener never raises into the publisher (opt.step's finally)
     with pytest.raises(SystemExit) as exit_info:
-        _steps(1, t=10.0)
+        events.check_stop()  # where the loop leaves: end of opt.step(), the next batch
     assert exit_info.value.code == 0
     (path,) = tmp_path.glob("meter-rank0-*.json")
     doc = json.loads(path.read_text())

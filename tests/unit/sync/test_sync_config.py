@@ -2,19 +2,28 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
 from ringtrain import collectives
 from ringtrain.collectives import ReduceOp
 from ringtrain.errors import ConfigError
-from ringtrain.sync import Native, ParameterServer, Ring, make_strategy
+from ringtrain.sync import STRATEGIES, Native, ParameterServer, Ring, make_strategy, resolve
 from ringtrain.sync._tensors import ScratchPool, aligned_spans, combine_, even_spans, flat_work
 from ringtrain.sync.signature import strategy_settings
 
 
-def test_import_registers_ring_and_ps() -> None:
-    assert {"native", "ring", "ps"} <= set(collectives.algorithms())
+def test_one_table_names_every_strategy() -> None:
+    assert STRATEGIES == {"native": Native, "ring": Ring, "ps": ParameterServer}
+    assert not hasattr(collectives, "register_algorithm"), "the collectives are not filled in on import"
+
+
+def test_resolve_needs_no_import_side_effect() -> None:
+    assert isinstance(resolve("ring"), Ring) and resolve("ring") is resolve("ring")
+    fn = Native()
+    assert resolve(fn) is fn
 
 
 @pytest.mark.parametrize("name,options,cls", [
@@ -33,15 +42,17 @@ def test_make_strategy(name: str, options: dict, cls: type) -> None:
 
 
 @pytest.mark.parametrize("name,options,words", [
-    ("native", {"ps_servers": 2}, "do not apply to strategy 'native'"),
-    ("ring", {"ps_servers": 2}, "accepts: chunks_per_rank, stall_timeout"),
-    ("nope", {}, "unknown allreduce algorithm 'nope'"),
+    ("native", {"ps_servers": 2}, "apply to strategy 'ps', not to strategy='native'"),
+    ("ring", {"ps_servers": 2}, "apply to strategy 'ps', not to strategy='ring'"),
+    ("native", {"gradient_predivide": 2}, "unknown argument(s) ['gradient_predivide']"),
+    ("nope", {}, "unknown strategy 'nope'; choose one of: native, ring, ps"),
     ("ps", {"ps_servers": 0}, "ps_servers must be an integer >= 1"),
     ("ring", {"chunks_per_rank": 0}, "chunks_per_rank must be an integer >= 1"),
-    ("native", {"stall_timeout": 0}, "stall_timeout must be > 0"),
+    ("native", {"stall_timeout": 0}, "stall_timeout must be a finite number > 0"),
+    ("ring", {"stall_timeout": float("inf")}, "stall_timeout must be a finite number > 0"),
 ])
 def test_bad_options_are_config_errors(name: str, options: dict, words: str) -> None:
-    with pytest.raises(ConfigError, match=words):
+    with pytest.raises(ConfigError, match=re.escape(words)):
         make_strategy(name, **options)
 
 

@@ -1,4 +1,4 @@
-"""What every gradient-exchange strategy shares, and how a name becomes one.
+"""What every gradient-exchange strategy shares: the base classes.
 
 A strategy is an allreduce algorithm object: ``strategy(tensor, op, name) -> Handle``
 reduces ``tensor`` in place across ranks and may return before it finishes (the
@@ -9,36 +9,40 @@ missing ranks.
 
 Point-to-point strategies (ring, ps) run their rounds on the exchange thread of
 :mod:`ringtrain.sync.channel`; subclasses only write :meth:`P2PStrategy.exchange`.
+Each concrete class declares its ``name`` and the ``options`` a user may pass by name;
+:mod:`ringtrain.sync.table` lists the classes.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import math
+from typing import Any, ClassVar
 
 import torch
 
-from ringtrain import collectives, runtime
+from ringtrain import runtime
 from ringtrain.collectives import Handle, ReduceOp, torch_op
 from ringtrain.errors import ConfigError
 from ringtrain.sync import stall
 from ringtrain.sync._tensors import flat_work
 from ringtrain.sync.channel import Channel, channel
 
-__all__ = ["Strategy", "P2PStrategy", "make_strategy", "STRATEGIES"]
-
-#: The built-in strategies (DistributedOptimizer(strategy=...)).
-STRATEGIES = ("native", "ring", "ps")
+__all__ = ["P2PStrategy", "Strategy"]
 
 
 class Strategy:
     """Base class: an allreduce algorithm with stall inspection."""
 
-    #: The name used in ``strategy=`` / ``algorithm=``.
-    name = "strategy"
+    #: The name used in ``strategy=`` / ``algorithm=`` (set by each concrete class).
+    name: ClassVar[str] = ""
+    #: Keyword options ``make_strategy`` accepts for this strategy, mapped to the
+    #: constructor argument each one sets.
+    options: ClassVar[dict[str, str]] = {"stall_timeout": "stall_timeout"}
 
     def __init__(self, stall_timeout: float | None = None) -> None:
-        if stall_timeout is not None and not stall_timeout > 0:
-            raise ConfigError(f"stall_timeout must be > 0 seconds, got {stall_timeout}")
+        if stall_timeout is not None and not (isinstance(stall_timeout, (int, float))
+                                              and math.isfinite(stall_timeout) and stall_timeout > 0):
+            raise ConfigError(f"stall_timeout must be a finite number > 0 (seconds), got {stall_timeout}")
         self.stall_timeout = stall_timeout
 
     def timeout(self) -> float:
@@ -101,56 +105,3 @@ class P2PStrategy(Strategy):
             stall.wait_future(fut, arrival, timeout)
 
         return Handle(tensor, wait, name)
-
-
-def make_strategy(
-    strategy: str | collectives.AllreduceAlgorithm, **options: Any
-) -> collectives.AllreduceAlgorithm:
-    """``"native"`` / ``"ring"`` / ``"ps"`` plus options -> a strategy object.
-
-    Options: ``stall_timeout`` (every strategy), ``ps_servers`` (ps), ``chunks_per_rank``
-    (ring and ps). A callable is returned unchanged (options are then an error); another
-    registered algorithm name is looked up in :mod:`ringtrain.collectives`.
-    """
-    from ringtrain.sync.native import Native
-    from ringtrain.sync.ps import ParameterServer
-    from ringtrain.sync.ring import Ring
-
-    accepted = {
-        "native": (Native, {"stall_timeout"}),
-        "ring": (Ring, {"stall_timeout", "chunks_per_rank"}),
-        "ps": (ParameterServer, {"stall_timeout", "ps_servers", "chunks_per_rank"}),
-    }
-    if not isinstance(strategy, str):
-        if options:
-            raise ConfigError(
-                f"options {sorted(options)} only apply to a strategy given by name "
-                f"({', '.join(STRATEGIES)}); configure the object itself instead"
-            )
-        return strategy
-    if strategy not in accepted:
-        algorithm = collectives._algorithm(strategy)  # unknown names fail with the choices
-        if options:
-            raise ConfigError(f"options {sorted(options)} do not apply to algorithm {strategy!r}")
-        return algorithm
-    cls, allowed = accepted[strategy]
-    known = {name for _, names in accepted.values() for name in names}
-    unknown = sorted(set(options) - known)
-    if unknown:
-        listing = "; ".join(
-            f"{opt} ({', '.join(n for n, (_, names) in accepted.items() if opt in names)})"
-            for opt in sorted(known))
-        raise ConfigError(
-            f"unknown argument(s) {unknown}; the strategy options are: {listing}"
-        )
-    misplaced = sorted(set(options) - allowed)
-    if misplaced:
-        raise ConfigError(
-            f"option(s) {misplaced} apply to strategy "
-            + " / ".join(repr(n) for n, (_, names) in accepted.items() if set(misplaced) <= names)
-            + f", not to strategy={strategy!r}; pass strategy= accordingly or drop the option"
-        )
-    if strategy == "ps" and "ps_servers" in options:
-        options = dict(options)
-        options["servers"] = options.pop("ps_servers")
-    return cls(**options)  # type: ignore[no-any-return]
