@@ -76,12 +76,13 @@ def torch_op(op: ReduceOp) -> Any:
 
 
 def finish_average(tensor: torch.Tensor, op: ReduceOp, world_size: int) -> None:
-    """Turn a sum into an average in place (integer tensors use floor division, as Horovod)."""
+    """Turn a sum into an average in place (integer tensors truncate toward zero, as
+    Horovod's C++ integer division does)."""
     if op is ReduceOp.AVERAGE and world_size > 1:
         if tensor.is_floating_point() or tensor.is_complex():
             tensor.div_(world_size)
         else:
-            tensor.floor_divide_(world_size)
+            tensor.copy_(torch.div(tensor, world_size, rounding_mode="trunc"))
 
 
 class Handle:

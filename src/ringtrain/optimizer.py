@@ -36,6 +36,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
+import warnings
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -128,8 +129,13 @@ class DistributedOptimizer(torch.optim.Optimizer):
         if not mb > 0:
             raise ConfigError(f"fusion_mb must be > 0, got {mb}")
         predivide = None if gradient_predivide_factor == 1.0 else float(gradient_predivide_factor)
+        # A strategy may reduce over a subset of the ranks (a Horovod process set) and may
+        # check its own layout (the coordinator matches every bucket by name).
+        group_size = getattr(self._algorithm, "group_size", None)
+        ranks = int(group_size()) if callable(group_size) else runtime.size()
+        self._self_checking = bool(getattr(self._algorithm, "checks_layout", False))
         self._fusion = FusedExchange(
-            names, params, self._algorithm, compression, op, runtime.size(), int(mb * 1024 * 1024),
+            names, params, self._algorithm, compression, op, ranks, int(mb * 1024 * 1024),
             predivide=predivide,
         )
         self._passes = [0] * len(params)
@@ -140,6 +146,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._seen_sparse: set[int] = set()  # sparse gradients met by this rank this step
         self._lock = threading.Lock()
         self._layout_checked = False
+        self._skip_next_sync = False
+        self._densified: set[int] = set()  # sparse gradients sent dense (sparse_as_dense)
         #: Seconds ``synchronize`` spent waiting for exchanges not hidden behind backward.
         self.last_exchange_wait_s = 0.0
         #: Seconds the wrapped optimizer's update took in the last ``step``.
@@ -198,6 +206,15 @@ class DistributedOptimizer(torch.optim.Optimizer):
         if any(not (isinstance(x, tuple) and len(x) == 2) for x in pairs):
             raise ConfigError(
                 "named_parameters must yield (name, parameter) pairs: pass model.named_parameters()"
+            )
+        names_seen: dict[str, int] = {}
+        for n, _ in pairs:
+            names_seen[n] = names_seen.get(n, 0) + 1
+        dupes = sorted(n for n, c in names_seen.items() if c > 1)
+        if dupes:
+            raise ConfigError(
+                f"named_parameters has duplicate names {dupes[:5]}: every parameter needs its own "
+                "name (pass one model's named_parameters(), or prefix each model's names)"
             )
         by_id = {id(p): n for n, p in pairs}
         missing = [i for i, p in enumerate(in_groups) if id(p) not in by_id]
@@ -265,7 +282,10 @@ class DistributedOptimizer(torch.optim.Optimizer):
         if grad.is_sparse:
             if self._sparse_as_dense or self._steps > 0:
                 # Densified: asked for, or a parameter whose first sparse gradient came
-                # after the first step (the ranks agreed on the sparse set then).
+                # after the first step (the ranks agreed on the sparse set then). The
+                # result is made sparse again, so optimizers that need sparse gradients
+                # (SparseAdam) still work.
+                self._densified.add(index)
                 return grad.to_dense()
             # First step: gathered at synchronize(), where every rank agrees on the sparse
             # parameters; its bucket slot carries zeros this once.
@@ -274,7 +294,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         return grad
 
     def _launch(self, bucket: Bucket) -> None:
-        if not self._layout_checked:
+        if not self._layout_checked and not self._self_checking:
             self._layout_checked = True
             tensors, shared = self._fusion.signature()
             shared["backward_passes_per_step"] = str(self.backward_passes_per_step)
@@ -314,6 +334,12 @@ class DistributedOptimizer(torch.optim.Optimizer):
             if not bucket.grad_views:
                 self._unpack(bucket)
         self._exchange_sparse()
+        if self._densified:
+            with torch.no_grad():
+                for index in self._densified:
+                    p = self._params[index]
+                    if p.grad is not None and not p.grad.is_sparse:
+                        p.grad = p.grad.to_sparse(1)
         t_end = time.perf_counter()
         self.last_exchange_wait_s = t_end - t0
         if events.active():
@@ -377,6 +403,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._next_launch = 0
         self._synchronized = False
         self._seen_sparse = set()
+        self._densified = set()
         self._steps += 1
 
     @contextlib.contextmanager
@@ -387,9 +414,22 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 "skip_synchronize() without synchronize(): call opt.synchronize() first, "
                 "then clip, then 'with opt.skip_synchronize(): opt.step()'"
             )
-        yield
+        self._skip_next_sync = True
+        try:
+            yield
+        finally:
+            self._skip_next_sync = False
 
     def step(self, closure: Callable[[], float] | None = None) -> Any:  # type: ignore[override]
+        if self._synchronized and not self._skip_next_sync:
+            # Horovod warns here: gradients changed after synchronize() (clipping) are
+            # used as they are, which is what the script wants only inside skip_synchronize().
+            warnings.warn(
+                "optimizer.step() called without optimizer.skip_synchronize() context after "
+                "optimizer.synchronize(). This can cause training slowdown. You may want to "
+                "consider using optimizer.skip_synchronize() context if you use "
+                "optimizer.synchronize() in your code.", stacklevel=2)
+        self._skip_next_sync = False
         self.synchronize()
         t0 = time.perf_counter()
         try:

@@ -25,6 +25,8 @@ from ringtrain.settings import Settings, load_settings
 
 __all__ = [
     "World",
+    "add_shutdown_hook",
+    "connect_store",
     "cross_rank",
     "cross_size",
     "device",
@@ -59,6 +61,9 @@ class World:
 
 _world: World | None = None
 _store: dist.Store | None = None
+_base_store: tuple[tuple[object, ...], dist.Store] | None = None
+_generation = 0
+_store_prefix = ""
 _shutdown_hooks: list[Callable[[], None]] = []
 
 
@@ -113,19 +118,50 @@ def _store_listener(env: LaunchEnv) -> int:
 
 
 def _make_store(env: LaunchEnv, timeout: datetime.timedelta) -> dist.Store:
+    global _base_store, _generation
     if env.size == 1 and env.master_port is None:
         return dist.HashStore()
     assert env.master_port is not None  # guaranteed by LaunchEnv validation
-    if env.rank == 0 and not env.agent_store:
-        base = dist.TCPStore(
-            env.master_addr, env.master_port, env.size, True, timeout=timeout,
-            wait_for_workers=False, master_listen_fd=_store_listener(env),
-        )
+    key = (env.master_addr, env.master_port, env.rank, env.size, env.run_id, env.attempt)
+    if _base_store is None or _base_store[0] != key:
+        if env.rank == 0 and not env.agent_store:
+            base = dist.TCPStore(
+                env.master_addr, env.master_port, env.size, True, timeout=timeout,
+                wait_for_workers=False, master_listen_fd=_store_listener(env),
+            )
+        else:
+            base = dist.TCPStore(env.master_addr, env.master_port, env.size, False, timeout=timeout)
+        # Kept for the life of the process: init -> shutdown -> init again (Horovod's
+        # suites do it every test) reuses the connection and, on rank 0, the server, so
+        # no rank can reach a store that is going away.
+        _base_store = (key, base)
+        _generation = 0
     else:
-        base = dist.TCPStore(env.master_addr, env.master_port, env.size, False, timeout=timeout)
-    # Each restart attempt rendezvouses under its own prefix so no key of a dead
-    # attempt is ever read (FIELD-NOTES: torchrun restarts hung on stale addresses).
-    return dist.PrefixStore(f"ringtrain/{env.run_id}/{env.attempt}/", base)
+        _generation += 1
+    # Each restart attempt (and each init of this process) rendezvouses under its own
+    # prefix so no key of an earlier one is ever read (FIELD-NOTES: torchrun restarts
+    # hung on stale addresses).
+    return dist.PrefixStore(_set_prefix(f"ringtrain/{env.run_id}/{env.attempt}/{_generation}/"),
+                            _base_store[1])
+
+
+def _set_prefix(prefix: str) -> str:
+    global _store_prefix
+    _store_prefix = prefix
+    return prefix
+
+
+def connect_store() -> dist.Store | None:
+    """A new connection to this job's store, under the current prefix (None in a
+    1-process world without a store). For threads that block in ``store.wait``: one
+    client connection serialises every call made on it."""
+    w = world()
+    env = w.env
+    if env.master_port is None or env.size == 1:
+        return None
+    timeout = datetime.timedelta(seconds=w.settings.init_timeout)
+    client = dist.TCPStore(env.master_addr, env.master_port, env.size, False, timeout=timeout)
+    return dist.PrefixStore(_store_prefix, client)
 
 
 def _configure_logging(env: LaunchEnv) -> None:
@@ -188,7 +224,8 @@ def _join_existing(env: LaunchEnv, cfg: Settings) -> tuple[World, dist.Store]:
         )
     from torch.distributed.distributed_c10d import _get_default_store
 
-    store = dist.PrefixStore(f"ringtrain/{env.run_id}/{env.attempt}/", _get_default_store())
+    store = dist.PrefixStore(_set_prefix(f"ringtrain/{env.run_id}/{env.attempt}/joined/"),
+                             _get_default_store())
     backend = str(dist.get_backend())
     dev = _pin_device(env)
     world = World(env=env, backend=backend, device=dev, settings=cfg, owns_group=False)

@@ -1,0 +1,470 @@
+"""The coordinator: Horovod's execution model on ``torch.distributed``.
+
+``torch.distributed`` runs collectives in the order each rank issues them, so ranks
+that issue them in different orders hang or exchange unrelated tensors. Horovod's
+model is different, and scripts written for it rely on it: an operation is *named*,
+ranks may submit named operations in any order and from any thread, an operation runs
+once every member of its process set has submitted it, ranks that ran out of data
+``join()`` and contribute zeros, and a mismatch is an error on every rank.
+
+One background thread per process does it in *cycles*:
+
+1. Wait, without spinning, until some rank wants a cycle: a submission sets the store
+   key ``c/<k>`` for the next cycle; every thread blocks in ``store.wait`` on it.
+2. Exchange what each rank submitted since the last cycle (name, kind, dtype, shape, op,
+   process set, ...; no tensor data) and its join/stop flags, with one
+   ``all_gather_object`` on a private Gloo group.
+3. From the same gathered table every rank computes the same decisions: which
+   operations are complete (every member submitted, or joined where that is allowed),
+   which mismatch (:func:`~.requests.mismatch`), and the order to run them in (order
+   of first submission). Ready allreduces of one dtype and set are fused into one flat
+   buffer up to the fusion threshold.
+4. Run them (:mod:`~.execute`) on the process sets' private groups, complete the
+   handles.
+
+A handle's wait gives up after ``stall_timeout`` with a :class:`StallError` naming the
+ranks that never submitted the operation, instead of hanging.
+"""
+
+from __future__ import annotations
+
+import datetime
+import itertools
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch.distributed as dist
+
+from ringtrain.coordinator import execute
+from ringtrain.coordinator.execute import Group, Request
+from ringtrain.coordinator.process_sets import ProcessSet
+from ringtrain.coordinator.requests import REDUCING, Meta, fusable, mismatch
+from ringtrain.coordinator.trace import Trace
+from ringtrain.errors import CollectiveError, ConfigError, MismatchError, StallError
+
+__all__ = ["Engine", "Handle"]
+
+log = logging.getLogger("ringtrain.coordinator")
+
+_JOIN = "__join__"
+
+
+class Handle:
+    """One submitted operation; :meth:`wait` returns its result or raises its error."""
+
+    def __init__(self, engine: Engine, meta: Meta, request: Request | None) -> None:
+        self.engine = engine
+        self.meta = meta
+        self.request = request
+        self.submitted_at = time.perf_counter()
+        self._event = threading.Event()
+        self._result: Any = None
+        self._error: BaseException | None = None
+
+    def done(self) -> bool:
+        return self._event.is_set()
+
+    def _finish(self, result: Any = None, error: BaseException | None = None) -> None:
+        self._result, self._error = result, error
+        self._event.set()
+
+    def wait(self) -> Any:
+        timeout = self.engine.stall_timeout
+        if not self._event.wait(timeout):
+            raise self.engine.stall_error(self.meta, timeout)
+        if self._error is not None:
+            raise self._error
+        return self._result
+
+
+@dataclass
+class _Entry:
+    """What the job knows of one name: the metas of the ranks that submitted it."""
+
+    order: int
+    metas: dict[int, Meta] = field(default_factory=dict)
+
+
+class Engine:
+    """The coordinator of one process (see the module docstring)."""
+
+    def __init__(self, rank: int, size: int, connect: Callable[[], dist.Store] | None, *,
+                 fusion_bytes: int, stall_timeout: float, cuda_backend: str | None = None) -> None:
+        """``connect()`` opens a new connection to the job's store (None: a 1-process
+        world, woken in-process). The cycle thread and the submitting threads each get
+        their own: a store client serialises its calls, and the thread's blocking
+        ``wait`` would hold up every submission."""
+        self.rank, self.size = rank, size
+        self._waker: _Waker = _StoreWaker(connect) if connect is not None and size > 1 else _LocalWaker()
+        self.fusion_bytes = fusion_bytes
+        self.stall_timeout = stall_timeout
+        self._cuda_backend = cuda_backend
+        # Private groups: the cycle exchange and the operations never interleave with
+        # the collectives the script issues on the default group meanwhile.
+        control = dist.new_group(backend="gloo")
+        cuda = dist.new_group(backend=cuda_backend) if cuda_backend else None
+        self.control = control
+        self.sets: dict[int, tuple[ProcessSet, Group]] = {}
+        self.global_set = ProcessSet(range(size))
+        self.global_set._bind(0, list(range(size)), rank, None)
+        self.sets[0] = (self.global_set, Group(list(range(size)), control, cuda))
+        self._next_set_id = 1
+        self.trace = Trace(rank)
+        self._lock = threading.Lock()
+        self._outbox: list[Meta] = []
+        # Names are per process set, as in Horovod: (set id, name) identifies an operation.
+        self._pending: dict[tuple[int, str], Handle] = {}  # this rank's, not finished yet
+        self._table: dict[tuple[int, str], _Entry] = {}  # the job's, not run yet
+        self._order = itertools.count()
+        self._cycle = 0  # the cycle the next submission goes into
+        self._signalled = -1
+        self._joined_local = False
+        self._join_handle: Handle | None = None
+        self._joined: set[int] = set()
+        self._last_joined = -1
+        self._stopping_local = False
+        self._failed: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="ringtrain-coordinator", daemon=True)
+        self._thread.start()
+
+    # -- process sets (collective: every rank calls them in the same order) -----------------
+
+    def add_process_set(self, ps: ProcessSet) -> ProcessSet:
+        if ps.ranks is None:
+            raise ConfigError("a process set needs its ranks, e.g. hvd.ProcessSet([0, 1])")
+        ranks = list(ps.ranks)
+        bad = [r for r in ranks if not 0 <= r < self.size]
+        if bad:
+            raise ConfigError(f"process set ranks {ranks} must be within 0..{self.size - 1}")
+        for other, _ in self.sets.values():
+            if other.ranks == ranks and other.process_set_id != 0:
+                raise ConfigError(f"a process set with ranks {ranks} is already registered "
+                                  f"(id {other.process_set_id})")
+        cpu = dist.new_group(ranks, backend="gloo")
+        cuda = dist.new_group(ranks, backend=self._cuda_backend) if self._cuda_backend else None
+        set_id = self._next_set_id
+        self._next_set_id += 1
+        ps._bind(set_id, ranks, self.rank, cpu)
+        with self._lock:
+            self.sets[set_id] = (ps, Group(ranks, cpu, cuda))
+        return ps
+
+    def remove_process_set(self, ps: ProcessSet) -> bool:
+        set_id = ps.process_set_id
+        if set_id <= 0 or set_id not in self.sets:
+            return False
+        with self._lock:
+            _, group = self.sets.pop(set_id)
+        for pg in (group.cpu, group.cuda):
+            if pg is not None and pg is not dist.GroupMember.NON_GROUP_MEMBER:
+                dist.destroy_process_group(pg)
+        ps._unbind()
+        return True
+
+    def group_of(self, set_id: int) -> Group:
+        if set_id not in self.sets:
+            raise ConfigError(f"process set {set_id} is not registered (removed, or never added)")
+        return self.sets[set_id][1]
+
+    # -- submitting ---------------------------------------------------------------------
+
+    def submit(self, meta: Meta, request: Request | None) -> Handle:
+        ps_group = self.group_of(meta.set_id)
+        if self.rank not in ps_group.ranks:
+            raise ConfigError(f"rank {self.rank} is not in process set {meta.set_id} "
+                              f"(ranks {ps_group.ranks}); only its members may use it")
+        handle = Handle(self, meta, request)
+        with self._lock:
+            self._raise_if_failed()
+            if self._joined_local:
+                raise ConfigError(f"{meta.kind} {meta.name!r} after join() on this rank: a rank "
+                                  "that joined takes no further part until every rank has joined")
+            if meta.key in self._pending:
+                raise ValueError(
+                    f"a {self._pending[meta.key].meta.kind} named {meta.name!r} is still in "
+                    "progress on this rank: names of concurrent operations must be unique"
+                )
+            self._pending[meta.key] = handle
+            self._outbox.append(meta)
+            self._signal()
+        self.trace.submitted(meta)
+        return handle
+
+    def join(self) -> Handle:
+        meta = Meta(_JOIN, "barrier")
+        handle = Handle(self, meta, None)
+        with self._lock:
+            self._raise_if_failed()
+            if self._joined_local:
+                raise ConfigError("join() called twice before every rank joined")
+            self._joined_local = True
+            self._join_handle = handle
+            self._signal()
+        return handle
+
+    def _signal(self) -> None:
+        # Called under the lock: ask for the cycle this submission goes into, once.
+        if self._signalled != self._cycle:
+            self._waker.signal(self._cycle)
+            self._signalled = self._cycle
+
+    def _raise_if_failed(self) -> None:
+        if self._failed is not None:
+            raise CollectiveError(f"the coordinator stopped: {self._failed}")
+
+    # -- stopping -----------------------------------------------------------------------
+
+    def shutdown(self, timeout: float = 30.0) -> None:
+        """Leave the cycles once every rank has asked to (collective)."""
+        with self._lock:
+            self._stopping_local = True
+            try:
+                self._signal()
+            except Exception as exc:  # noqa: BLE001 - the store may be gone already
+                log.debug("coordinator shutdown: cannot signal (%s)", exc)
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            log.warning("the coordinator thread did not stop within %.0f s (a rank never "
+                        "shut down); leaving it behind", timeout)
+            return
+        for ps, _group in list(self.sets.values()):
+            if ps.process_set_id != 0:
+                ps._unbind()
+        self.sets.clear()
+
+    def stall_error(self, meta: Meta, timeout: float) -> StallError:
+        with self._lock:
+            entry = self._table.get(meta.key)
+            came = sorted(entry.metas) if entry else [self.rank]
+            members = self.sets[meta.set_id][1].ranks if meta.set_id in self.sets else []
+            joined = sorted(self._joined)
+        missing = [r for r in members if r not in came and r not in joined]
+        return StallError(
+            f"{meta.kind} {meta.name!r} did not complete within {timeout:g} s: submitted by "
+            f"rank(s) {came}, still missing rank(s) {missing or 'none (the job stopped)'}; "
+            "every member of the process set must submit it (RINGTRAIN_STALL_TIMEOUT sets the limit)"
+        )
+
+    # -- the cycle thread ----------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            for k in itertools.count():
+                if not self._wait_for_cycle(k):
+                    return
+                if self._cycle_once(k):
+                    return
+        except BaseException as exc:  # noqa: BLE001 - reported to every waiting handle
+            log.debug("coordinator failed", exc_info=True)
+            self._fail_all(exc)
+
+    def _wait_for_cycle(self, k: int) -> bool:
+        # Long waits: every submission, join and shutdown sets the key, so a timeout only
+        # means an idle hour (and each store timeout logs a warning).
+        while not self._waker.wait(k, 3600.0):
+            if self._stopping_local and self._failed is not None:
+                return False
+        return True
+
+    def _cycle_once(self, k: int) -> bool:
+        """One cycle; True when every rank has stopped."""
+        with self._lock:
+            batch, self._outbox = self._outbox, []
+            self._cycle = k + 1
+            flags = (self._joined_local, self._stopping_local)
+        self.trace.cycle_start()
+        gathered: list[Any] = [None] * self.size
+        dist.all_gather_object(gathered, (batch, flags), group=self.control)
+        if self.rank == 0:
+            self._waker.done(k)  # every rank is past waiting for it
+        stopping = 0
+        with self._lock:
+            for r, (metas, (joined, stop)) in enumerate(gathered):
+                for meta in metas:
+                    entry = self._table.get(meta.key)
+                    if entry is None:
+                        entry = self._table[meta.key] = _Entry(next(self._order))
+                    entry.metas[r] = meta
+                if joined and r not in self._joined:
+                    self._joined.add(r)
+                    self._last_joined = r
+                stopping += bool(stop)
+            work = self._decide()
+        self._execute(work)
+        self._finish_join()
+        return stopping == self.size
+
+    def _decide(self) -> list[tuple[str, list[tuple[Meta, dict[int, Meta]]], str | None]]:
+        """Under the lock: what runs this cycle, in order, as (kind, [(meta, metas)], error)."""
+        ready: list[tuple[int, tuple[int, str], _Entry, str | None]] = []
+        for key, entry in self._table.items():
+            name = key[1]
+            first = entry.metas[min(entry.metas)]
+            members = self.sets[first.set_id][1].ranks if first.set_id in self.sets else None
+            if members is None:
+                ready.append((entry.order, key, entry,
+                              f"process set {first.set_id} of {name!r} is not registered on every rank"))
+                continue
+            joined = [r for r in members if r in self._joined and r not in entry.metas]
+            waiting = [r for r in members if r not in entry.metas and r not in self._joined]
+            if waiting:
+                continue
+            error = mismatch(entry.metas)
+            if error is None and joined and first.kind not in REDUCING + ("barrier",):
+                error = (f"{first.kind} {name!r} is not supported after join(): rank(s) {joined} "
+                         "joined; only allreduce, reducescatter and barrier continue with joined ranks")
+            if error is None and first.kind == "broadcast" and first.root not in members:
+                error = (f"broadcast {name!r}: root rank {first.root} is not a member of the process "
+                         f"set (ranks {members})")
+            ready.append((entry.order, key, entry, error))
+        ready.sort(key=lambda x: x[0])
+        work: list[tuple[str, list[tuple[Meta, dict[int, Meta]]], str | None]] = []
+        fused_bytes = 0
+        for _, key, entry, error in ready:
+            del self._table[key]
+            first = entry.metas[min(entry.metas)]
+            item = (first, dict(entry.metas))
+            last = work[-1] if work else None
+            if (error is None and last is not None and last[2] is None and last[0] == "allreduce"
+                    and fusable(last[1][0][0], first) and fused_bytes + first.nbytes <= self.fusion_bytes):
+                last[1].append(item)
+                fused_bytes += first.nbytes
+            else:
+                work.append((first.kind, [item], error))
+                fused_bytes = first.nbytes
+        return work
+
+    def _execute(self, work: list[tuple[str, list[tuple[Meta, dict[int, Meta]]], str | None]]) -> None:
+        for kind, items, error in work:
+            first, _ = items[0]
+            group = self.sets[first.set_id][1] if first.set_id in self.sets else None
+            mine = [self._pending.get(m.key) if self.rank in metas else None for m, metas in items]
+            if error is not None:
+                for h in mine:
+                    if h is not None:
+                        self._complete(h, error=MismatchError(error) if error.startswith("Mismatched")
+                                       else CollectiveError(error))
+                continue
+            assert group is not None
+            if self.rank not in group.ranks:
+                continue  # not a member: the members run it
+            t0 = time.perf_counter()
+            try:
+                results = self._run_op(kind, group, items, mine)
+            except Exception as exc:  # noqa: BLE001 - the op's error goes to its handles
+                first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+                for h in mine:
+                    if h is not None:
+                        self._complete(h, error=CollectiveError(
+                            f"{kind} of {h.meta.name!r} failed on rank {self.rank}: {first_line}"))
+                continue
+            t1 = time.perf_counter()
+            for h, res in zip(mine, results, strict=True):
+                if h is not None:
+                    self.trace.ran(h.meta, h.submitted_at, t0, t1)
+                    self._complete(h, result=res)
+
+    def _run_op(self, kind: str, group: Group, items: list[tuple[Meta, dict[int, Meta]]],
+                mine: list[Handle | None]) -> list[Any]:
+        reqs = [h.request if h is not None else None for h in mine]
+        meta, metas = items[0]
+        if kind == "allreduce":
+            return execute.allreduce_fused(group, [m for m, _ in items], reqs)
+        if kind == "barrier":
+            return [None]
+        req = reqs[0]
+        if kind == "reducescatter":
+            return [execute.reducescatter(group, req, meta, self.rank)]
+        assert req is not None  # the others need every member, so this rank submitted
+        if kind == "allgather":
+            return [execute.allgather(group, metas, req)]
+        if kind == "broadcast":
+            return [execute.broadcast(group, meta.root, req)]
+        if kind == "alltoall":
+            return [execute.alltoall(group, metas, req, self.rank)]
+        raise CollectiveError(f"unknown operation {kind!r}")
+
+    def _complete(self, handle: Handle, result: Any = None, error: BaseException | None = None) -> None:
+        with self._lock:
+            if self._pending.get(handle.meta.key) is handle:
+                del self._pending[handle.meta.key]
+        handle._finish(result, error)
+
+    def _finish_join(self) -> None:
+        with self._lock:
+            if len(self._joined) < self.size:
+                return
+            last, handle = self._last_joined, self._join_handle
+            self._joined = set()
+            self._joined_local = False
+            self._join_handle = None
+        if handle is not None:
+            handle._finish(last)
+
+    def _fail_all(self, exc: BaseException) -> None:
+        with self._lock:
+            self._failed = exc
+            handles = list(self._pending.values()) + ([self._join_handle] if self._join_handle else [])
+            self._pending.clear()
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        for h in handles:
+            h._finish(error=CollectiveError(f"the coordinator stopped on rank {self.rank}: {first}"))
+
+
+
+class _Waker:
+    """How a submission wakes every rank's cycle thread for cycle ``k``."""
+
+    def signal(self, k: int) -> None:
+        raise NotImplementedError
+
+    def wait(self, k: int, timeout: float) -> bool:
+        raise NotImplementedError
+
+    def done(self, k: int) -> None:
+        """Cycle ``k`` has started everywhere (called on rank 0)."""
+
+
+class _StoreWaker(_Waker):
+    """A store key per cycle; waiting on it blocks in the store server, no spinning."""
+
+    def __init__(self, connect: Callable[[], dist.Store]) -> None:
+        self._submit = dist.PrefixStore("ringtrain/coordinator/", connect())
+        self._thread = dist.PrefixStore("ringtrain/coordinator/", connect())
+
+    def signal(self, k: int) -> None:
+        self._submit.set(f"c/{k}", "1")
+
+    def wait(self, k: int, timeout: float) -> bool:
+        try:
+            self._thread.wait([f"c/{k}"], datetime.timedelta(seconds=timeout))
+            return True
+        except RuntimeError as exc:
+            if "timeout" not in str(exc).lower():
+                raise
+            return False
+
+    def done(self, k: int) -> None:
+        self._thread.delete_key(f"c/{k}")
+
+
+class _LocalWaker(_Waker):
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._wanted: set[int] = set()
+
+    def signal(self, k: int) -> None:
+        with self._cond:
+            self._wanted.add(k)
+            self._cond.notify_all()
+
+    def wait(self, k: int, timeout: float) -> bool:
+        with self._cond:
+            if self._cond.wait_for(lambda: k in self._wanted, timeout):
+                self._wanted.discard(k)
+                return True
+            return False

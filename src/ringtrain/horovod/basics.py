@@ -1,0 +1,215 @@
+"""``hvd.init()`` and the questions about the job, with Horovod's names and answers.
+
+``init`` joins the job through ``rt.init()`` (any launcher ringtrain reads: ringrun,
+horovodrun, torchrun, mpirun, srun) and starts the coordinator
+(:mod:`ringtrain.coordinator`) that runs Horovod's named, negotiated operations.
+``shutdown`` stops both; ``init`` again works (Horovod's test suite does it per test).
+The ``*_built``/``*_enabled`` answers describe this engine truthfully: Gloo always, NCCL
+when torch has CUDA, no MPI, DDL or oneCCL.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from ringtrain import runtime, wiring
+from ringtrain.coordinator import Engine, ProcessSet
+from ringtrain.errors import ConfigError, NotInitializedError
+from ringtrain.horovod.timeline import start_from_env
+
+__all__ = [
+    "HorovodNotInitializedError", "ccl_built", "cross_rank", "cross_size", "cuda_built", "ddl_built",
+    "engine", "gloo_built", "gloo_enabled", "global_process_set", "init", "is_homogeneous",
+    "is_initialized", "local_rank", "local_size", "mpi_built", "mpi_enabled", "mpi_threads_supported",
+    "nccl_built", "rank", "rocm_built", "shutdown", "size", "start_timeline", "stop_timeline",
+]
+
+
+class HorovodNotInitializedError(NotInitializedError, ValueError):
+    """Horovod raises ValueError when asked before ``init()``; so does the drop-in."""
+
+
+#: The whole job (``process_set_id`` 0), valid while initialised.
+global_process_set = ProcessSet()
+
+_engine: Engine | None = None
+_atexit = False
+
+
+def engine() -> Engine:
+    if _engine is None:
+        raise HorovodNotInitializedError("Horovod has not been initialized; use hvd.init().")
+    return _engine
+
+
+def _fusion_bytes() -> int:
+    # HOROVOD_FUSION_THRESHOLD (bytes) as Horovod reads it, else ringtrain's fusion_mb.
+    raw = os.environ.get("HOROVOD_FUSION_THRESHOLD", "")
+    if raw.strip():
+        try:
+            return max(0, int(raw))
+        except ValueError:
+            raise ConfigError(f"HOROVOD_FUSION_THRESHOLD={raw!r} is not a number of bytes") from None
+    return int(runtime.settings().fusion_mb * 1024 * 1024)
+
+
+def init(comm: Any = None, process_sets: Sequence[ProcessSet] | str | None = None) -> None:
+    """Join the job and start the coordinator (again after ``shutdown()``).
+
+    ``comm``: Horovod accepts an mpi4py communicator or a list of ranks; there is no MPI
+    here, so only ``None`` (the whole job) is accepted. ``process_sets``: process sets
+    to register now (every rank passes the same list), or ``"dynamic"``.
+    """
+    global _engine, _atexit
+    if comm is not None:
+        raise ConfigError("hvd.init(comm=...) needs MPI, which this engine does not use; "
+                          "call hvd.init() and use hvd.add_process_set(ranks) for subsets")
+    if _engine is not None:
+        return
+    world = wiring.init()
+    _engine = Engine(
+        world.env.rank, world.env.size, _connect if world.env.size > 1 else None,
+        fusion_bytes=_fusion_bytes(), stall_timeout=world.settings.stall_timeout,
+        cuda_backend="nccl" if world.backend == "nccl" else None,
+    )
+    global_process_set._bind(0, list(range(world.env.size)), world.env.rank, None)
+    if process_sets is not None and not isinstance(process_sets, str):
+        for ps in process_sets:
+            _engine.add_process_set(ps)
+    start_from_env(_engine)
+    if not _atexit:
+        atexit.register(_at_exit)
+        _atexit = True
+
+
+def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
+    """Record a Chrome trace of the named operations; rank 0 writes ``file_path`` at
+    ``stop_timeline()`` (format: :mod:`ringtrain.coordinator.trace`)."""
+    engine().trace.start(file_path, mark_cycles)
+
+
+def stop_timeline() -> None:
+    engine().trace.stop()
+
+
+def _connect() -> Any:
+    store = runtime.connect_store()
+    if store is None:  # pragma: no cover - only a 1-process world has none
+        raise ConfigError("this job has no rendezvous store to connect to")
+    return store
+
+
+def shutdown() -> None:
+    """Stop the coordinator (every rank) and leave the job; safe to call twice."""
+    global _engine
+    if _engine is None:
+        return
+    eng, _engine = _engine, None
+    eng.trace.stop()
+    eng.shutdown()
+    global_process_set._unbind()
+    wiring.shutdown()
+
+
+def _at_exit() -> None:
+    # A script that never calls hvd.shutdown(): stop the coordinator's thread before the
+    # interpreter tears down the groups it is blocked on.
+    if _engine is not None:
+        try:
+            _engine.shutdown(timeout=5.0)
+        except Exception:  # noqa: BLE001 - exiting anyway
+            pass
+
+
+def is_initialized() -> bool:
+    return _engine is not None
+
+
+def _env() -> Any:
+    engine()
+    return runtime.world().env
+
+
+def rank() -> int:
+    return int(_env().rank)
+
+
+def size() -> int:
+    return int(_env().size)
+
+
+def local_rank() -> int:
+    return int(_env().local_rank)
+
+
+def local_size() -> int:
+    return int(_env().local_size)
+
+
+def cross_rank() -> int:
+    return int(_env().cross_rank)
+
+
+def cross_size() -> int:
+    return int(_env().cross_size)
+
+
+def is_homogeneous() -> bool:
+    """Whether every host runs the same number of ranks."""
+    env = _env()
+    return bool(env.local_size * env.cross_size == env.size)
+
+
+def mpi_built() -> bool:
+    return False
+
+
+def mpi_enabled() -> bool:
+    return False
+
+
+def mpi_threads_supported() -> bool:
+    return False
+
+
+def gloo_built() -> bool:
+    return True
+
+
+def gloo_enabled() -> bool:
+    return True
+
+
+def nccl_built() -> int:
+    """The NCCL version as Horovod encodes it (2.7.8 -> 2708), or 0 without CUDA."""
+    if not torch.cuda.is_available():
+        return 0
+    try:
+        version = torch.cuda.nccl.version()
+    except Exception:  # noqa: BLE001 - a CUDA build without NCCL
+        return 0
+    if isinstance(version, tuple):
+        major, minor, patch = (list(version) + [0, 0, 0])[:3]
+        return int(major) * 1000 + int(minor) * 100 + int(patch)
+    return int(version)
+
+
+def ddl_built() -> bool:
+    return False
+
+
+def ccl_built() -> bool:
+    return False
+
+
+def cuda_built() -> bool:
+    return torch.version.cuda is not None
+
+
+def rocm_built() -> bool:
+    return getattr(torch.version, "hip", None) is not None

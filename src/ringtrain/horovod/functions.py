@@ -1,0 +1,109 @@
+"""Horovod's helpers: start every rank from the root's parameters, optimizer state and
+objects (``broadcast_parameters``, ``broadcast_optimizer_state``, ``broadcast_object``,
+``allgather_object``), through the coordinator so process sets and names work as in
+Horovod.
+"""
+
+from __future__ import annotations
+
+import io
+import pickle
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import torch
+
+from ringtrain import replicate
+from ringtrain.coordinator import ProcessSet
+from ringtrain.horovod import ops
+from ringtrain.horovod.autograd import allgather, broadcast_
+from ringtrain.horovod.basics import global_process_set, rank
+from ringtrain.horovod.handles import set_id, synchronize, unique_name
+
+__all__ = ["allgather_object", "broadcast_object", "broadcast_optimizer_state", "broadcast_parameters"]
+
+
+def broadcast_parameters(params: Any, root_rank: int) -> None:
+    """Overwrite the given tensors with the root's: a ``state_dict()`` (sorted by name, as
+    Horovod), ``named_parameters()`` or a list of tensors."""
+    if isinstance(params, Mapping):
+        items: list[tuple[str | None, Any]] = sorted(params.items())
+    elif isinstance(params, Iterable):
+        items = [p if isinstance(p, tuple) else (None, p) for p in params]
+    else:
+        raise ValueError(f"invalid params of type: {type(params).__name__}")
+    handles = [ops.broadcast_async_(p, root_rank, name) for name, p in items if isinstance(p, torch.Tensor)]
+    for h in handles:
+        synchronize(h)
+
+
+def _dumps(obj: Any) -> bytes:
+    buf = io.BytesIO()
+    try:
+        pickle.dump(obj, buf)
+    except (pickle.PicklingError, AttributeError, TypeError):
+        import cloudpickle  # lambdas and local classes, as Horovod pickles them
+
+        buf = io.BytesIO()
+        cloudpickle.dump(obj, buf)
+    return buf.getvalue()
+
+
+def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None,
+                     process_set: ProcessSet = global_process_set) -> Any:
+    """The root's ``obj`` on every member (pickled, sent as bytes)."""
+    base = name if name is not None else unique_name("object", None, set_id(process_set))
+    if rank() == root_rank:
+        data = torch.frombuffer(bytearray(_dumps(obj)), dtype=torch.uint8)
+        size = torch.tensor([data.numel()], dtype=torch.int64)
+        broadcast_(size, root_rank, f"{base}.sz", process_set)
+        broadcast_(data, root_rank, f"{base}.t", process_set)
+        return obj
+    size = torch.zeros(1, dtype=torch.int64)
+    broadcast_(size, root_rank, f"{base}.sz", process_set)
+    data = torch.empty(int(size.item()), dtype=torch.uint8)
+    broadcast_(data, root_rank, f"{base}.t", process_set)
+    return pickle.loads(data.numpy().tobytes())
+
+
+def allgather_object(obj: Any, name: str | None = None,
+                     process_set: ProcessSet = global_process_set) -> list[Any]:
+    """Every member's ``obj``, in rank order."""
+    base = name if name is not None else unique_name("object_gather", None, set_id(process_set))
+    data = torch.frombuffer(bytearray(_dumps(obj)), dtype=torch.uint8)
+    sizes = allgather(torch.tensor([data.numel()], dtype=torch.int64), f"{base}.sz", process_set)
+    gathered = allgather(data, f"{base}.t", process_set)
+    out, offset = [], 0
+    for n in sizes.tolist():
+        out.append(pickle.loads(gathered[offset:offset + n].numpy().tobytes()))
+        offset += n
+    return out
+
+
+def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int, model: Any = None) -> None:
+    """Give every rank the root's optimizer state and hyper-parameters.
+
+    As Horovod: an optimizer that has no state yet gets it first by one update with zero
+    gradients (so its state has the same structure everywhere); the parameters that
+    require a gradient keep those zero gradients. Then the root's state (tensors and
+    option values, with their types) replaces every other rank's
+    (:func:`ringtrain.replicate.broadcast_optimizer_state`), through the wrapped
+    optimizer, so a DistributedOptimizer keeps sharing it.
+    """
+    if isinstance(optimizer, torch.optim.LBFGS):
+        raise ValueError("cannot broadcast torch.optim.LBFGS state")
+    from ringtrain.optimizer import DistributedOptimizer as _Core
+
+    inner = optimizer.wrapped if isinstance(optimizer, _Core) else optimizer
+    if not inner.state_dict()["state"]:
+        sparse = {id(p) for m in (model.modules() if model is not None else ())
+                  if isinstance(m, torch.nn.Embedding) and m.sparse for p in m.parameters()}
+        for group in inner.param_groups:
+            for p in group["params"]:
+                if p.requires_grad:
+                    p.grad = torch.zeros_like(p)
+                    if isinstance(inner, torch.optim.SparseAdam) or id(p) in sparse:
+                        p.grad = p.grad.to_sparse()
+        inner.step()  # the wrapped optimizer's own step: no exchange, no rank waits
+    # ringtrain's broadcast: the layout once, the tensors fused by dtype.
+    replicate.broadcast_optimizer_state(inner, root_rank)

@@ -1,0 +1,237 @@
+"""``horovod.torch``'s asynchronous collectives: ``*_async`` and ``*_async_`` variants.
+
+Every call checks what this rank can check alone (Horovod's ValueErrors), describes the
+operation and submits it; the coordinator matches it across ranks by name. The
+synchronous, differentiable forms are in :mod:`ringtrain.horovod.autograd`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any
+
+import torch
+
+from ringtrain.coordinator import Meta, ProcessSet, Request
+from ringtrain.horovod.basics import engine, global_process_set
+from ringtrain.horovod.handles import (
+    Adasum,
+    Average,
+    HorovodUsageError,
+    Sum,
+    handle_average_backwards_compatibility,
+    meta_for,
+    op_name,
+    set_id,
+    submit,
+    submit_many,
+    synchronize,
+    unique_name,
+)
+
+__all__ = [
+    "allgather_async", "allreduce_async", "allreduce_async_", "alltoall_async", "barrier",
+    "broadcast_async", "broadcast_async_", "grouped_allgather_async", "grouped_allreduce_async",
+    "grouped_allreduce_async_", "grouped_reducescatter_async", "join", "reducescatter_async",
+    "sparse_allreduce_async",
+]
+
+
+def _check_factors(prescale_factor: float, postscale_factor: float) -> tuple[float, float]:
+    return float(prescale_factor), float(postscale_factor)
+
+
+def _allreduce_meta(tensor: torch.Tensor, name: str | None, op: int, prescale_factor: float,
+                    postscale_factor: float, process_set: ProcessSet) -> Meta:
+    pre, post = _check_factors(prescale_factor, postscale_factor)
+    if op == Adasum and not tensor.is_floating_point():
+        raise ValueError(f"Adasum needs a floating-point tensor, got {tensor.dtype}")
+    return meta_for("allreduce", tensor, name, process_set, op=op_name(op), prescale=pre, postscale=post)
+
+
+def allreduce_async_(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,
+                     op: int | None = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                     process_set: ProcessSet = global_process_set) -> int:
+    """Reduce ``tensor`` in place across the process set; returns a handle."""
+    op = handle_average_backwards_compatibility(op, average)
+    meta = _allreduce_meta(tensor, name, op, prescale_factor, postscale_factor, process_set)
+    return submit(meta, Request(meta, tensor, output=tensor))
+
+
+def allreduce_async(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,
+                    op: int | None = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                    process_set: ProcessSet = global_process_set) -> int:
+    """Reduce a copy of ``tensor`` across the process set; returns a handle."""
+    op = handle_average_backwards_compatibility(op, average)
+    meta = _allreduce_meta(tensor, name, op, prescale_factor, postscale_factor, process_set)
+    return submit(meta, Request(meta, tensor))
+
+
+def _grouped(tensors: Sequence[torch.Tensor], name: str | None, op: int, prescale_factor: float,
+             postscale_factor: float, process_set: ProcessSet, in_place: bool) -> int:
+    tensors = list(tensors)
+    if not tensors:
+        raise ValueError("grouped_allreduce needs at least one tensor")
+    devices = {t.device.type for t in tensors}
+    if len(devices) > 1:
+        raise HorovodUsageError("grouped_allreduce tensors must all be on the CPU or all on GPUs, "
+                                f"got {sorted(devices)}")
+    base = unique_name("grouped_allreduce", name, set_id(process_set))
+    metas, reqs = [], []
+    for i, t in enumerate(tensors):
+        meta = replace(_allreduce_meta(t, None, op, prescale_factor, postscale_factor, process_set),
+                       name=f"{base}.{i}")
+        metas.append(meta)
+        reqs.append(Request(meta, t, output=t if in_place else None))
+    return submit_many(metas, reqs)
+
+
+def grouped_allreduce_async(tensors: Sequence[torch.Tensor], average: bool | None = None,
+                            name: str | None = None, op: int | None = None,
+                            prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                            process_set: ProcessSet = global_process_set) -> int:
+    op = handle_average_backwards_compatibility(op, average)
+    return _grouped(tensors, name, op, prescale_factor, postscale_factor, process_set, False)
+
+
+def grouped_allreduce_async_(tensors: Sequence[torch.Tensor], average: bool | None = None,
+                             name: str | None = None, op: int | None = None,
+                             prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                             process_set: ProcessSet = global_process_set) -> int:
+    op = handle_average_backwards_compatibility(op, average)
+    return _grouped(tensors, name, op, prescale_factor, postscale_factor, process_set, True)
+
+
+def sparse_allreduce_async(tensor: torch.Tensor, name: str, op: int,
+                           process_set: ProcessSet = global_process_set) -> Any:
+    """Allreduce of a sparse tensor as Horovod does it: gather every rank's indices and
+    values; the callable it returns (pass it to ``synchronize`` or call it) gives the
+    summed (or averaged) sparse tensor."""
+    t = tensor.coalesce() if not tensor.is_coalesced() else tensor
+    indices = allgather_async(t.indices().t().contiguous(), name=f"{name}.indices", process_set=process_set)
+    values = allgather_async(t.values(), name=f"{name}.values", process_set=process_set)
+    n = process_set.size()
+
+    def result() -> torch.Tensor:
+        v = synchronize(values)
+        i = synchronize(indices)
+        if op == Average:
+            v = v / n
+        return torch.sparse_coo_tensor(i.t(), v, t.size())
+
+    return result
+
+
+def allgather_async(tensor: torch.Tensor, name: str | None = None,
+                    process_set: ProcessSet = global_process_set) -> int:
+    """Concatenate every member's tensor along dim 0 (first dimensions may differ)."""
+    meta = meta_for("allgather", tensor, name, process_set)
+    return submit(meta, Request(meta, tensor))
+
+
+def grouped_allgather_async(tensors: Sequence[torch.Tensor], name: str | None = None,
+                            process_set: ProcessSet = global_process_set) -> int:
+    base = unique_name("grouped_allgather", name, set_id(process_set))
+    metas, reqs = [], []
+    for i, t in enumerate(tensors):
+        meta = replace(meta_for("allgather", t, None, process_set), name=f"{base}.{i}")
+        metas.append(meta)
+        reqs.append(Request(meta, t))
+    return submit_many(metas, reqs)
+
+
+def _root_meta(tensor: torch.Tensor, root_rank: int, name: str | None, process_set: ProcessSet) -> Meta:
+    if isinstance(root_rank, bool) or not isinstance(root_rank, int):
+        raise ValueError(f"root_rank must be an int, got {root_rank!r}")
+    return meta_for("broadcast", tensor, name, process_set, root=root_rank)
+
+
+def broadcast_async(tensor: torch.Tensor, root_rank: int, name: str | None = None,
+                    process_set: ProcessSet = global_process_set) -> int:
+    meta = _root_meta(tensor, root_rank, name, process_set)
+    return submit(meta, Request(meta, tensor))
+
+
+def broadcast_async_(tensor: torch.Tensor, root_rank: int, name: str | None = None,
+                     process_set: ProcessSet = global_process_set) -> int:
+    meta = _root_meta(tensor, root_rank, name, process_set)
+    return submit(meta, Request(meta, tensor, output=tensor))
+
+
+def alltoall_async(tensor: torch.Tensor, splits: Any = None, name: str | None = None,
+                   process_set: ProcessSet = global_process_set) -> int:
+    """Send ``splits[i]`` rows to member i; the handle gives ``(output, received_splits)``."""
+    n = process_set.size()
+    rows = tensor.shape[0] if tensor.dim() else 1
+    if splits is None:
+        if rows % n:
+            raise ValueError(f"alltoall without splits needs the first dimension ({rows}) to be a "
+                             f"multiple of the process set size ({n}); pass splits=")
+        send = [rows // n] * n
+        like: torch.Tensor | None = None
+    else:
+        if isinstance(splits, torch.Tensor):
+            if splits.dtype != torch.int32:
+                raise ValueError(f"alltoall splits must be a tensor of int32, got {splits.dtype}")
+            like = splits
+            send = [int(s) for s in splits.cpu().tolist()]
+        else:
+            like = None
+            send = [int(s) for s in splits]
+        if len(send) != n or any(s < 0 for s in send):
+            raise ValueError(f"alltoall splits {send} must be {n} non-negative counts")
+        if sum(send) > rows:
+            raise ValueError(f"alltoall splits {send} sum to {sum(send)}, more than the first "
+                             f"dimension {rows} of the tensor")
+    meta = meta_for("alltoall", tensor, name, process_set, splits=tuple(send))
+    data = tensor if sum(send) == rows else tensor[: sum(send)]
+
+    def post(result: tuple[torch.Tensor, list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        output, recv = result
+        received = torch.tensor(recv, dtype=torch.int32)
+        if like is not None:
+            received = received.to(device=like.device, dtype=like.dtype)
+        return output, received
+
+    return submit(meta, Request(meta, data), post)
+
+
+def _reducescatter_meta(tensor: torch.Tensor, name: str | None, op: int, process_set: ProcessSet,
+                        prescale_factor: float, postscale_factor: float, base: str | None = None) -> Meta:
+    if op not in (Average, Sum):
+        raise HorovodUsageError(f"reducescatter supports op=hvd.Average or hvd.Sum, got {op_name(op)}")
+    if tensor.dim() == 0:
+        raise HorovodUsageError("reducescatter splits the first dimension; a scalar has none")
+    pre, post = _check_factors(prescale_factor, postscale_factor)
+    meta = meta_for("reducescatter", tensor, name, process_set, op=op_name(op), prescale=pre, postscale=post)
+    return meta if base is None else replace(meta, name=base)
+
+
+def reducescatter_async(tensor: torch.Tensor, name: str | None = None, op: int = Average,
+                        process_set: ProcessSet = global_process_set, prescale_factor: float = 1.0,
+                        postscale_factor: float = 1.0) -> int:
+    meta = _reducescatter_meta(tensor, name, op, process_set, prescale_factor, postscale_factor)
+    return submit(meta, Request(meta, tensor))
+
+
+def grouped_reducescatter_async(tensors: Sequence[torch.Tensor], name: str | None = None,
+                                op: int = Average, process_set: ProcessSet = global_process_set,
+                                prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> int:
+    base = unique_name("grouped_reducescatter", name, set_id(process_set))
+    metas = [_reducescatter_meta(t, None, op, process_set, prescale_factor, postscale_factor, f"{base}.{i}")
+             for i, t in enumerate(tensors)]
+    return submit_many(metas, [Request(m, t) for m, t in zip(metas, tensors, strict=True)])
+
+
+def join(device: int = -1) -> int:
+    """This rank has no more data: it contributes zeros to the others' allreduces until
+    every rank has joined. Returns the rank that joined last (the same on every rank)."""
+    return int(engine().join().wait())
+
+
+def barrier(process_set: ProcessSet = global_process_set) -> None:
+    """Wait until every member of the process set reaches its barrier."""
+    sid = set_id(process_set)
+    synchronize(submit(Meta(unique_name("barrier", None, sid), "barrier", sid), None))
+

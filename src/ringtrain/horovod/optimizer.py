@@ -1,0 +1,179 @@
+"""``hvd.DistributedOptimizer``: ringtrain's optimizer with Horovod's arguments.
+
+The fusion, the hooks that start each bucket during backward, the Horovod semantics
+(summed local passes, ``op=Average`` over the process set, the wrapper being an
+instance of the wrapped class sharing its state, ``synchronize``/``skip_synchronize``)
+are :class:`ringtrain.DistributedOptimizer`'s. What this module adds:
+
+- the buckets go through the coordinator (:class:`Negotiated`), matched by name, so a
+  rank that has ``join()``-ed contributes zeros and a ``process_set`` restricts the
+  exchange (a rank outside the set steps on its own gradients, as in Horovod);
+- Horovod's argument names and defaults, ``_parameter_names``, and ``op=hvd.Adasum``
+  (:class:`_AdasumOptimizer`: each rank takes its own step, the steps' deltas are
+  combined with Adasum).
+"""
+
+from __future__ import annotations
+
+import itertools
+import warnings
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+
+from ringtrain import collectives
+from ringtrain.collectives import Handle, ReduceOp
+from ringtrain.coordinator import Meta, ProcessSet, Request
+from ringtrain.horovod.basics import engine, global_process_set
+from ringtrain.horovod.compression import Compression, Compressor
+from ringtrain.horovod.handles import Adasum, Average, Sum, op_name, set_id
+from ringtrain.optimizer import DistributedOptimizer as _Core
+
+__all__ = ["DistributedOptimizer", "Negotiated"]
+
+_instances = itertools.count()
+
+
+class Negotiated:
+    """An allreduce strategy for the core optimizer that runs through the coordinator."""
+
+    checks_layout = True  # the coordinator compares every bucket by name on every rank
+
+    def __init__(self, process_set: ProcessSet, prefix: str) -> None:
+        self.process_set = process_set
+        self.prefix = prefix
+
+    def group_size(self) -> int:
+        return self.process_set.size()
+
+    def signature(self) -> dict[str, str]:
+        return {"strategy": "horovod", "process_set": str(self.process_set.ranks)}
+
+    def __call__(self, tensor: torch.Tensor, op: ReduceOp, name: str | None) -> Handle:
+        if not self.process_set.included():
+            return Handle(tensor, lambda: None, name)  # not a member: keep the local sum
+        sid = set_id(self.process_set)
+        meta = Meta(f"allreduce.{self.prefix}.{name}", "allreduce", sid,
+                    str(tensor.dtype).replace("torch.", ""), tuple(tensor.shape),
+                    op="sum" if op is collectives.Sum else op.value, device=tensor.device.type)
+        h = engine().submit(meta, Request(meta, tensor, output=tensor))
+        return Handle(tensor, h.wait, name)
+
+
+def _named(optimizer: torch.optim.Optimizer, named_parameters: Any) -> list[tuple[str, torch.Tensor]]:
+    if named_parameters is not None:
+        pairs = list(named_parameters)
+        if any(not (isinstance(x, tuple) and len(x) == 2) for x in pairs):
+            raise ValueError("named_parameters should be a sequence of tuples (name, parameter), "
+                             "usually produced by model.named_parameters().")
+        return pairs
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+    return [(f"allreduce.noname.{i}", p) for i, p in enumerate(params)]
+
+
+def DistributedOptimizer(  # noqa: N802 - Horovod's name: a factory, as Horovod's is
+    optimizer: torch.optim.Optimizer,
+    named_parameters: Iterable[tuple[str, torch.Tensor]] | None = None,
+    compression: Compressor = Compression.none,
+    backward_passes_per_step: int = 1,
+    op: int = Average,
+    gradient_predivide_factor: float = 1.0,
+    num_groups: int = 0,
+    groups: Any = None,
+    sparse_as_dense: bool = False,
+    process_set: ProcessSet = global_process_set,
+) -> Any:
+    """Wrap ``optimizer`` so gradients are combined over ``process_set`` (see the module doc)."""
+    pairs = _named(optimizer, named_parameters)
+    if num_groups or groups is not None:
+        warnings.warn("num_groups/groups have no effect here: ringtrain fuses gradients into "
+                      "buckets of fusion_mb (RINGTRAIN_FUSION_MB / HOROVOD_FUSION_THRESHOLD)",
+                      stacklevel=2)
+    if op == Adasum:
+        return _AdasumOptimizer(optimizer, pairs, compression, backward_passes_per_step, process_set)
+    if op not in (Average, Sum):
+        raise ValueError(f"DistributedOptimizer combines gradients with hvd.Average, hvd.Sum or "
+                         f"hvd.Adasum, got {op_name(op)}")
+    if gradient_predivide_factor != 1.0 and op != Average:
+        raise ValueError("gradient_predivide_factor not supported with op != Average")
+    set_id(process_set)  # registered?
+    strategy = Negotiated(process_set, f"opt{next(_instances)}")
+    wrapped = _Core(
+        optimizer, named_parameters=pairs, compression=compression,  # type: ignore[arg-type]
+        backward_passes_per_step=backward_passes_per_step,
+        op=collectives.Average if op == Average else collectives.Sum,
+        gradient_predivide_factor=gradient_predivide_factor, strategy=strategy,
+        sparse_as_dense=sparse_as_dense,
+    )
+    wrapped.__dict__["_parameter_names"] = {p: n for n, p in pairs}
+    return wrapped
+
+
+class _AdasumOptimizer:
+    """``op=hvd.Adasum``: every rank applies its own update, then the updates (deltas of
+    the parameters) are combined with Adasum and applied from the starting point, as
+    Horovod's delta optimizer does. Built as a subclass of the wrapped optimizer's class
+    sharing its state (see ``__new__``)."""
+
+    def __new__(cls, optimizer: torch.optim.Optimizer, *args: Any) -> Any:
+        base = type(optimizer)
+        klass = type(f"DistributedAdasum{base.__name__}", (cls, base), {})
+        return object.__new__(klass)
+
+    def __init__(self, optimizer: torch.optim.Optimizer, pairs: list[tuple[str, torch.Tensor]],
+                 compression: Compressor, backward_passes_per_step: int, process_set: ProcessSet) -> None:
+        if backward_passes_per_step < 1:
+            raise ValueError(f"backward_passes_per_step must be >= 1, got {backward_passes_per_step}")
+        self.__dict__["_inner"] = optimizer
+        self.__dict__["_pairs"] = pairs
+        self.__dict__["_compression"] = compression
+        self.__dict__["_process_set"] = process_set
+        self.__dict__["_parameter_names"] = {p: n for n, p in pairs}
+        self.__dict__["_prefix"] = f"adasum{next(_instances)}"
+        self.__dict__["backward_passes_per_step"] = backward_passes_per_step
+
+    # Shared state: the wrapped optimizer's own containers, whatever replaces them.
+    param_groups = property(lambda self: self._inner.param_groups,
+                            lambda self, v: setattr(self._inner, "param_groups", v))
+    state = property(lambda self: self._inner.state, lambda self, v: setattr(self._inner, "state", v))
+    defaults = property(lambda self: self._inner.defaults,
+                        lambda self, v: setattr(self._inner, "defaults", v))
+
+    def __getattr__(self, name: str) -> Any:
+        inner = self.__dict__.get("_inner")
+        if inner is None or name.startswith("__"):
+            raise AttributeError(name)
+        return getattr(inner, name)
+
+    def state_dict(self) -> dict[str, Any]:
+        return self._inner.state_dict()  # type: ignore[no-any-return]
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self._inner.load_state_dict(state_dict)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self._inner.zero_grad(set_to_none=set_to_none)
+
+    def synchronize(self) -> None:
+        """Nothing to do before the step: Adasum combines the updates, after it."""
+
+    def step(self, closure: Any = None) -> Any:
+        params = [p for _, p in self._pairs if p.requires_grad]
+        start = [p.detach().clone() for p in params]
+        result = self._inner.step(closure) if closure is not None else self._inner.step()
+        if not self._process_set.included() or self._process_set.size() == 1:
+            return result
+        from ringtrain.horovod.autograd import grouped_allreduce_
+
+        deltas = []
+        with torch.no_grad():
+            for p, s in zip(params, start, strict=True):
+                deltas.append(p.detach() - s)
+        wire = [self._compression.compress(d) for d in deltas]
+        grouped_allreduce_([w for w, _ in wire], name=self._prefix, op=Adasum,
+                           process_set=self._process_set)
+        with torch.no_grad():
+            for p, s, (w, ctx) in zip(params, start, wire, strict=True):
+                p.copy_(s + self._compression.decompress(w, ctx))
+        return result
