@@ -200,7 +200,7 @@ def alltoall_async(tensor: torch.Tensor, splits: Any = None, name: str | None = 
 def _reducescatter_meta(tensor: torch.Tensor, name: str | None, op: int, process_set: ProcessSet,
                         prescale_factor: float, postscale_factor: float, base: str | None = None) -> Meta:
     if op not in (Average, Sum):
-        raise HorovodUsageError(f"reducescatter supports op=hvd.Average or hvd.Sum, got {op_name(op)}")
+        raise HorovodUsageError(f"reducescatter supports op=hvd.Average or hvd.Sum, not hvd.{op_name(op).capitalize()}")
     if tensor.dim() == 0:
         raise HorovodUsageError("reducescatter splits the first dimension; a scalar has none")
     pre, post = _check_factors(prescale_factor, postscale_factor)

@@ -1,0 +1,231 @@
+"""``hvd.elastic`` states: what a job commits, restores after a failure and syncs to
+every rank.
+
+On ringtrain an elastic job recovers by restarting (``horovodrun``/``ringrun
+--max-restarts K``): a failed collective raises :class:`HorovodInternalError`, the job
+is restarted, and :func:`ringtrain.horovod.elastic.run` resumes it from the last
+*persisted* commit. ``commit()`` keeps a copy in memory (``restore()`` returns to it) and
+rank 0 writes it to ``RINGTRAIN_ELASTIC_DIR`` (default ``.ringtrain-elastic/<run id>``)
+atomically, at most every ``RINGTRAIN_ELASTIC_PERSIST_S`` seconds (default 1; 0: every
+commit), so committing every batch stays cheap.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ringtrain import checkpoint, runtime
+from ringtrain.horovod.elastic.sampler import ElasticSampler
+
+__all__ = ["HostsUpdatedInterrupt", "ObjectState", "State", "TorchState", "persist_path"]
+
+
+class HostsUpdatedInterrupt(RuntimeError):
+    """The set of hosts changed; the job re-syncs its state (raised by ``commit()``)."""
+
+    def __init__(self, skip_sync: bool = False) -> None:
+        super().__init__("the job's hosts changed")
+        self.skip_sync = skip_sync
+
+
+def persist_path() -> Path | None:
+    """Where rank 0 keeps the last commit (None: no launcher that restarts the job)."""
+    if not runtime.is_initialized():
+        return None
+    env = runtime.world().env
+    root = os.environ.get("RINGTRAIN_ELASTIC_DIR", "")
+    if not root:
+        if not env.run_id:
+            return None
+        root = os.path.join(".ringtrain-elastic", env.run_id)
+    return Path(root) / "commit.ckpt"
+
+
+def _persist_interval() -> float:
+    raw = os.environ.get("RINGTRAIN_ELASTIC_PERSIST_S", "")
+    try:
+        return max(0.0, float(raw)) if raw else 1.0
+    except ValueError:
+        return 1.0
+
+
+class State:
+    """Base: reset callbacks, commit, and the hooks subclasses fill in."""
+
+    def __init__(self) -> None:
+        self._reset_callbacks: list[Callable[[], None]] = []
+        self._last_persist = 0.0
+
+    def register_reset_callbacks(self, callbacks: list[Callable[[], None]]) -> None:
+        """Called after the job was reset (here: restarted and resumed from a commit)."""
+        self._reset_callbacks.extend(callbacks)
+
+    def on_reset(self) -> None:
+        for cb in self._reset_callbacks:
+            cb()
+
+    def commit(self) -> None:
+        """Remember the current state (in memory; rank 0 persists it), then check hosts."""
+        self.save()
+        self._persist()
+        self.check_host_updates()
+
+    def check_host_updates(self) -> None:
+        """Horovod raises HostsUpdatedInterrupt when the discovery script reports other
+        hosts; ringrun re-forms a job by restarting it, so there is nothing to check here."""
+
+    def _persist(self, force: bool = False) -> None:
+        path = persist_path()
+        if path is None or runtime.rank() != 0:
+            return
+        now = time.monotonic()
+        if not force and now - self._last_persist < _persist_interval():
+            return
+        self._last_persist = now
+        checkpoint.save(path, self.snapshot())
+
+    def forget_persisted(self) -> None:
+        path = persist_path()
+        if path is not None and runtime.rank() == 0:
+            path.unlink(missing_ok=True)
+            try:
+                path.parent.rmdir()
+            except OSError:
+                pass  # not empty or shared: leave the directory
+
+    def resume_from_disk(self) -> bool:
+        """After a restart: load the persisted commit (every rank calls it). True if one was found."""
+        path = persist_path()
+        if path is None:
+            return False
+        from ringtrain.collectives import broadcast_object
+
+        found = broadcast_object(path.exists() if runtime.rank() == 0 else None, root_rank=0,
+                                 name="elastic commit exists")
+        if not found:
+            return False
+        self.load_snapshot(checkpoint.load(path))
+        self.save()
+        return True
+
+    # -- filled in by subclasses --------------------------------------------------------
+
+    def save(self) -> None:
+        raise NotImplementedError
+
+    def restore(self) -> None:
+        raise NotImplementedError
+
+    def sync(self) -> None:
+        raise NotImplementedError
+
+    def snapshot(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def load_snapshot(self, snap: dict[str, Any]) -> None:
+        raise NotImplementedError
+
+
+class ObjectState(State):
+    """Plain values as attributes (``state.epoch``), synced from rank 0."""
+
+    def __init__(self, bcast_object: Callable[..., Any] | None = None,
+                 get_rank: Callable[[], int] | None = None, **kwargs: Any) -> None:
+        from ringtrain.horovod.functions import broadcast_object
+
+        self._bcast = bcast_object or broadcast_object
+        self._get_rank = get_rank or runtime.rank
+        self._keys = list(kwargs)
+        self._saved: dict[str, Any] = {}
+        for k, v in kwargs.items():
+            setattr(self, k, v)
+        super().__init__()
+        self.save()
+
+    def _values(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in self._keys if not isinstance(getattr(self, k), ElasticSampler)}
+
+    def save(self) -> None:
+        self._saved = copy.deepcopy(self._values())
+
+    def restore(self) -> None:
+        for k, v in copy.deepcopy(self._saved).items():
+            setattr(self, k, v)
+
+    def sync(self) -> None:
+        values = self._bcast(self._values() if self._get_rank() == 0 else None, 0)
+        for k, v in values.items():
+            setattr(self, k, v)
+        self.save()
+
+    def snapshot(self) -> dict[str, Any]:
+        return {"objects": copy.deepcopy(self._saved)}
+
+    def load_snapshot(self, snap: dict[str, Any]) -> None:
+        for k, v in snap.get("objects", {}).items():
+            setattr(self, k, v)
+
+
+class TorchState(ObjectState):
+    """A model, an optimizer, samplers and plain values (Horovod's ``TorchState``)."""
+
+    def __init__(self, model: torch.nn.Module | None = None, optimizer: Any = None, **kwargs: Any) -> None:
+        self.model = model
+        self.optimizer = optimizer
+        self._samplers = {k: v for k, v in kwargs.items() if isinstance(v, ElasticSampler)}
+        self._saved_torch: dict[str, Any] = {}
+        super().__init__(**kwargs)
+
+    def save(self) -> None:
+        super().save()
+        self._saved_torch = {
+            "model": copy.deepcopy(self.model.state_dict()) if self.model is not None else None,
+            "optimizer": copy.deepcopy(self.optimizer.state_dict()) if self.optimizer is not None else None,
+            "samplers": {k: s.state_dict() for k, s in self._samplers.items()},
+        }
+
+    def restore(self) -> None:
+        super().restore()
+        self._apply(self._saved_torch)
+
+    def _apply(self, saved: dict[str, Any]) -> None:
+        if self.model is not None and saved.get("model") is not None:
+            self.model.load_state_dict(saved["model"])
+        if self.optimizer is not None and saved.get("optimizer") is not None:
+            self.optimizer.load_state_dict(saved["optimizer"])
+        for k, st in saved.get("samplers", {}).items():
+            if k in self._samplers:
+                self._samplers[k].load_state_dict(st)
+
+    def sync(self) -> None:
+        from ringtrain.horovod.functions import (
+            allgather_object,
+            broadcast_optimizer_state,
+            broadcast_parameters,
+        )
+
+        if self.model is not None:
+            broadcast_parameters(self.model.state_dict(), root_rank=0)
+        if self.optimizer is not None:
+            broadcast_optimizer_state(self.optimizer, root_rank=0)
+        for sampler in self._samplers.values():
+            # Every rank's processed samples count: the union goes to all, then the rest
+            # of the epoch is split over the current ranks.
+            seen = allgather_object(sorted(sampler.processed_indices))
+            sampler.processed_indices = {i for part in seen for i in part}
+            sampler.reset()
+        super().sync()
+
+    def snapshot(self) -> dict[str, Any]:
+        return {**super().snapshot(), "torch": self._saved_torch}
+
+    def load_snapshot(self, snap: dict[str, Any]) -> None:
+        super().load_snapshot(snap)
+        self._apply(snap.get("torch", {}))

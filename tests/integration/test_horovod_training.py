@@ -1,0 +1,201 @@
+"""ringtrain.horovod's optimizer and job-level calls: uneven data with join(), process
+sets, Adasum, re-initialisation, the timeline and a rank that never comes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from ringtest import run_world
+
+
+def _data(step: int, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(100 * rank + step)
+    return torch.randn(4, 3, generator=g), torch.randn(4, 1, generator=g)
+
+
+BATCHES = {0: 2, 1: 5}  # rank -> batches: rank 0 runs out of data first
+
+
+def _joined_training() -> dict[str, Any]:
+    import ringtrain.horovod as hvd
+
+    hvd.init()
+    r = hvd.rank()
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 1)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                   named_parameters=model.named_parameters())
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    for step in range(BATCHES[r]):
+        x, y = _data(step, r)
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+    last = hvd.join()
+    # A rank that joined stopped updating; the one that joined last has the trained model.
+    hvd.broadcast_parameters(model.state_dict(), root_rank=last)
+    out = {"last": last, "params": [p.detach().clone() for p in model.parameters()]}
+    hvd.shutdown()
+    return out
+
+
+def _joined_reference() -> list[torch.Tensor]:
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step in range(max(BATCHES.values())):
+        opt.zero_grad()
+        total: Any = 0
+        for rank, batches in BATCHES.items():
+            if step < batches:  # a joined rank contributes zeros; the average is over both
+                x, y = _data(step, rank)
+                total = total + torch.nn.functional.mse_loss(model(x), y) / len(BATCHES)
+        total.backward()
+        opt.step()
+    return [p.detach().clone() for p in model.parameters()]
+
+
+@pytest.mark.timeout(120)
+def test_uneven_batches_finish_with_join_instead_of_a_stall() -> None:
+    r0, r1 = run_world(_joined_training, 2, init=False, timeout=110)
+    assert r0["last"] == r1["last"] == 1  # the rank that joined last, the same everywhere
+    for got, want in zip(r0["params"], _joined_reference(), strict=True):
+        torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-6)
+    for a, b in zip(r0["params"], r1["params"], strict=True):
+        assert torch.equal(a, b)
+
+
+def _adasum_step() -> list[float]:
+    import ringtrain.horovod as hvd
+
+    hvd.init()
+    w = torch.nn.Parameter(torch.tensor([1.0, 2.0, -1.0], dtype=torch.float64))
+    opt = hvd.DistributedOptimizer(torch.optim.SGD([w], lr=0.5), named_parameters=[("w", w)],
+                                   op=hvd.Adasum)
+    assert isinstance(opt, torch.optim.SGD)
+    c = torch.tensor(_grads()[hvd.rank()])
+    (w * c).sum().backward()
+    opt.step()
+    out = w.detach().tolist()
+    hvd.shutdown()
+    return out
+
+
+def _grads() -> list[list[float]]:
+    return [[1.0, 0.5, -2.0], [0.25, 1.0, 1.0]]
+
+
+@pytest.mark.timeout(120)
+def test_adasum_optimizer_combines_the_ranks_updates_as_the_formula_says() -> None:
+    results = run_world(_adasum_step, 2, init=False, timeout=110)
+    a, b = (-0.5 * np.array(g) for g in _grads())  # each rank's own SGD step
+    dot = a @ b
+    combined = (1 - dot / (2 * (a @ a))) * a + (1 - dot / (2 * (b @ b))) * b
+    expected = np.array([1.0, 2.0, -1.0]) + combined
+    for got in results:
+        np.testing.assert_allclose(got, expected, rtol=1e-12)
+
+
+def _sets_and_reinit(path: str) -> dict[str, Any]:
+    import ringtrain.horovod as hvd
+
+    out: dict[str, Any] = {}
+    hvd.init()
+    first = (hvd.rank(), hvd.size())
+    hvd.shutdown()
+    out["initialized_after_shutdown"] = hvd.is_initialized()
+    hvd.init()
+    out["same_after_reinit"] = first == (hvd.rank(), hvd.size())
+    r = hvd.rank()
+    solo = [hvd.add_process_set([0]), hvd.add_process_set([1])]
+    mine = solo[r]
+    out["set"] = (mine.size(), mine.rank(), mine.included(), solo[1 - r].included())
+    # The same name in two process sets is two operations.
+    out["in_set"] = hvd.allreduce(torch.tensor([float(r + 1)]), name="x", op=hvd.Sum, process_set=mine).item()
+    model = torch.nn.Linear(2, 1)
+    torch.manual_seed(r)
+    with torch.no_grad():
+        model.weight.normal_()
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                   named_parameters=model.named_parameters(), process_set=solo[0])
+    model(torch.ones(1, 2)).sum().backward()
+    opt.step()  # rank 1 is not in the set: it steps on its own gradient
+    out["removed"] = [hvd.remove_process_set(s) for s in solo]
+    hvd.start_timeline(path, mark_cycles=True)
+    hvd.allreduce(torch.ones(3), name="traced")
+    hvd.stop_timeline()
+    hvd.shutdown()
+    return out
+
+
+@pytest.mark.timeout(120)
+def test_process_sets_reinit_and_timeline(tmp_path: Path) -> None:
+    path = tmp_path / "timeline.json"
+    r0, r1 = run_world(_sets_and_reinit, 2, str(path), init=False, timeout=110)
+    for r, o in enumerate((r0, r1)):
+        assert o["initialized_after_shutdown"] is False and o["same_after_reinit"]
+        assert o["set"] == (1, 0, True, False)
+        assert o["in_set"] == float(r + 1)
+        assert o["removed"] == [True, True]
+    trace = json.loads(path.read_text())
+    names = {e.get("name") for e in trace["traceEvents"]}
+    assert {"NEGOTIATE_ALLREDUCE", "ALLREDUCE", "CYCLE_START"} <= names
+    tracks = [e["args"]["name"] for e in trace["traceEvents"] if e.get("ph") == "M"]
+    assert "allreduce.traced" in tracks
+    assert "start_time_since_epoch_in_micros" in trace["metadata"]
+
+
+def _absent() -> str:
+    import time
+
+    import ringtrain.horovod as hvd
+
+    hvd.init()
+    if hvd.rank() == 1:
+        time.sleep(8)  # never submits 'grad'
+        return "absent"
+    try:
+        hvd.allreduce(torch.ones(2), name="grad")
+    except hvd.HorovodInternalError as exc:
+        return str(exc)
+    return "no error"
+
+
+@pytest.mark.timeout(60)
+def test_a_rank_that_never_submits_is_named_after_the_stall_timeout() -> None:
+    message = run_world(_absent, 2, init=False, env={"RINGTRAIN_STALL_TIMEOUT": "3"}, timeout=50)[0]
+    assert "'allreduce.grad' did not complete within 3 s" in message
+    assert "submitted by rank(s) [0], still missing rank(s) [1]" in message
+
+
+@pytest.mark.timeout(180)
+def test_elastic_job_survives_a_killed_worker_and_processes_every_sample_once(tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+    import uuid
+
+    from hosts.harness import assert_no_orphans, env_for
+
+    marker = uuid.uuid4().hex
+    script = Path(__file__).parent / "scripts" / "hvd_elastic_train.py"
+    out = tmp_path / "out.pt"
+    env = env_for(marker)
+    env.update(RINGTRAIN_ELASTIC_DIR=str(tmp_path / "commits"), RINGTRAIN_ELASTIC_PERSIST_S="0")
+    res = subprocess.run([str(Path(sys.executable).parent / "ringrun"), "-np", "2", "--max-restarts", "1",
+                          "python", str(script), str(out), "17"],
+                         capture_output=True, text=True, timeout=170, env=env)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert "restarting" in (res.stdout + res.stderr).lower()
+    got = torch.load(out)
+    assert got["attempt"] == "1" and got["resets"] == [2]
+    for epoch in range(3):
+        assert sorted(got["seen"][epoch]) == list(range(96)), f"epoch {epoch}: a sample lost or repeated"
+    assert not (tmp_path / "commits" / "commit.ckpt").exists(), "a finished job leaves no commit behind"
+    assert os.path.getsize(out) > 0
+    assert_no_orphans(marker)
