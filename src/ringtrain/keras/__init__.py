@@ -18,6 +18,10 @@
               epochs=math.ceil(12 / rt.size()), callbacks=callbacks,
               verbose=1 if rt.rank() == 0 else 0)
 
+``horovod.keras``'s module calls are here too (``init``, ``size``, ``rank``, ``local_rank``,
+``local_size``, ``allreduce``, ``Compression``, ``load_model``), so ``import
+ringtrain.keras as hvd`` runs a Horovod Keras script.
+
 Needs ``pip install 'ringtrain[keras]'``; importing this package without Keras raises
 ImportError, and with Keras on another backend a ConfigError. See docs/keras.md.
 """
@@ -28,6 +32,16 @@ from ringtrain.keras._backend import load_keras
 
 load_keras()  # before the submodules: they subclass Keras classes at import
 
+from ringtrain.keras.basics import (  # noqa: E402
+    Compression,
+    allreduce,
+    init,
+    load_model,
+    local_rank,
+    local_size,
+    rank,
+    size,
+)
 from ringtrain.keras.callbacks import (  # noqa: E402
     BroadcastGlobalVariablesCallback,
     LearningRateWarmupCallback,
@@ -40,6 +54,14 @@ from ringtrain.keras.data import LoaderDataset  # noqa: E402
 from ringtrain.keras.optimizer import DistributedOptimizer, GradientExchange  # noqa: E402
 
 __all__ = [
+    "Compression",
+    "allreduce",
+    "init",
+    "load_model",
+    "local_rank",
+    "local_size",
+    "rank",
+    "size",
     "DistributedOptimizer",
     "GradientExchange",
     "BroadcastGlobalVariablesCallback",
