@@ -1,8 +1,9 @@
 """A Horovod PyTorch training script, as Horovod's documentation teaches it (before)."""
 
-import horovod.torch as hvd
 import torch
 import torch.nn.functional as F
+
+import horovod.torch as hvd
 
 hvd.init()
 torch.manual_seed(42)
