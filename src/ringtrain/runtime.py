@@ -8,9 +8,11 @@ there. Everything else in ringtrain asks this module for the world.
 
 from __future__ import annotations
 
+import atexit
 import datetime
 import logging
 import os
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -26,6 +28,7 @@ from ringtrain.settings import Settings, load_settings
 __all__ = [
     "World",
     "add_shutdown_hook",
+    "mark_broken",
     "connect_store",
     "cross_rank",
     "cross_size",
@@ -64,7 +67,36 @@ _store: dist.Store | None = None
 _base_store: tuple[tuple[object, ...], dist.Store] | None = None
 _generation = 0
 _store_prefix = ""
+_broken: str | None = None
+_exit_guard_registered = False
 _shutdown_hooks: list[Callable[[], None]] = []
+
+
+def mark_broken(reason: str) -> None:
+    """A collective failed because a peer stopped or vanished mid-exchange.
+
+    The process groups cannot be torn down cleanly any more: Gloo's destructor joins a
+    thread that is blocked receiving from that peer, for up to the init timeout (300 s),
+    so a rank that raised a StallError would linger instead of ending the job. From now
+    on :func:`shutdown` skips the teardown, and at exit the process leaves at once (after
+    the other exit handlers ran: timeline and doctor reports are still written) with
+    status 1, so the launcher stops the job and can restart it.
+    """
+    global _broken
+    if _broken is None:
+        _broken = reason
+        log.debug("process groups marked broken: %s", reason)
+
+
+def _exit_guard() -> None:
+    if _broken is None:
+        return
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:  # noqa: BLE001 - a closed stream: nothing more to write
+            pass
+    os._exit(1)
 
 
 def add_shutdown_hook(fn: Callable[[], None]) -> None:
@@ -185,9 +217,14 @@ def init(backend: str | None = None, timeout: float | None = None) -> World:
     global _world, _store
     if _world is not None:
         return _world
+    global _exit_guard_registered
     cfg = load_settings(backend=backend, init_timeout=timeout)
     env = parse_env(os.environ)
     _configure_logging(env)
+    if not _exit_guard_registered:
+        # Registered first, so it runs last among the exit handlers (they run in reverse).
+        atexit.register(_exit_guard)
+        _exit_guard_registered = True
     if dist.is_initialized():
         _world, _store = _join_existing(env, cfg)
         return _world
@@ -237,6 +274,11 @@ def shutdown() -> None:
     """Leave the job; safe to call twice or without :func:`init`."""
     global _world, _store
     if _world is None:
+        return
+    if _broken is not None:
+        # A peer is gone mid-exchange: tearing the groups down would wait for it.
+        _world = None
+        _store = None
         return
     for fn in list(_shutdown_hooks):
         fn()

@@ -39,6 +39,7 @@ from typing import Any
 
 import torch.distributed as dist
 
+from ringtrain import runtime
 from ringtrain.coordinator import execute
 from ringtrain.coordinator.execute import Group, Request
 from ringtrain.coordinator.process_sets import ProcessSet
@@ -243,6 +244,7 @@ class Engine:
             members = self.sets[meta.set_id][1].ranks if meta.set_id in self.sets else []
             joined = sorted(self._joined)
         missing = [r for r in members if r not in came and r not in joined]
+        runtime.mark_broken(f"{meta.kind} {meta.name!r} stalled")
         return StallError(
             f"{meta.kind} {meta.name!r} did not complete within {timeout:g} s: submitted by "
             f"rank(s) {came}, still missing rank(s) {missing or 'none (the job stopped)'}; "
@@ -406,6 +408,7 @@ class Engine:
             handle._finish(last)
 
     def _fail_all(self, exc: BaseException) -> None:
+        runtime.mark_broken(f"the coordinator stopped: {exc}")
         with self._lock:
             self._failed = exc
             handles = list(self._pending.values()) + ([self._join_handle] if self._join_handle else [])

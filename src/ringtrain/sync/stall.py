@@ -283,7 +283,9 @@ def inspect(arrival: Arrival, waited_s: float, timeout_s: float, cause: str | No
     except Exception:  # noqa: BLE001 - the store is unreachable
         got = None
     last, gone = got if got is not None else (None, set())
-    return StallError(describe_stall(tr.rank, tr.size, arrival, last, gone, waited_s, timeout_s, cause))
+    error = StallError(describe_stall(tr.rank, tr.size, arrival, last, gone, waited_s, timeout_s, cause))
+    runtime.mark_broken(str(error))
+    return error
 
 
 def is_peer_failure(exc: BaseException) -> bool:
