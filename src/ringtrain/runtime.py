@@ -162,7 +162,15 @@ def _make_store(env: LaunchEnv, timeout: datetime.timedelta) -> dist.Store:
                 wait_for_workers=False, master_listen_fd=_store_listener(env),
             )
         else:
-            base = dist.TCPStore(env.master_addr, env.master_port, env.size, False, timeout=timeout)
+            try:
+                base = dist.TCPStore(env.master_addr, env.master_port, env.size, False, timeout=timeout)
+            except RuntimeError as exc:
+                first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+                raise LaunchEnvError(
+                    f"rank {env.rank} cannot reach rank 0's rendezvous at {env.master_addr}:"
+                    f"{env.master_port} within {timeout.total_seconds():g} s ({first}); check "
+                    "MASTER_ADDR/MASTER_PORT and that rank 0 started (RINGTRAIN_INIT_TIMEOUT sets the wait)"
+                ) from None
         # Kept for the life of the process: init -> shutdown -> init again (Horovod's
         # suites do it every test) reuses the connection and, on rank 0, the server, so
         # no rank can reach a store that is going away.
@@ -235,12 +243,54 @@ def init(backend: str | None = None, timeout: float | None = None) -> World:
         os.environ["GLOO_SOCKET_IFNAME"] = "lo"
     pg_timeout = datetime.timedelta(seconds=cfg.init_timeout)
     store = _make_store(env, pg_timeout)
+    _await_everyone(store, env, cfg.init_timeout)
     dev = _pin_device(env)
     dist.init_process_group(chosen, store=store, rank=env.rank, world_size=env.size, timeout=pg_timeout)
     _store = store
     _world = World(env=env, backend=chosen, device=dev, settings=cfg, owns_group=True)
     log.info("joined %s world of %d (backend %s, device %s)", env.launcher, env.size, chosen, dev)
     return _world
+
+
+def _await_everyone(store: dist.Store, env: LaunchEnv, timeout_s: float) -> None:
+    """Every rank checks in before the process group forms, so a rank that never comes
+    is named (torch would fail after the timeout with a store error that names none).
+
+    Rank 0 waits for every rank's key and publishes the outcome; the others wait for
+    that outcome, so they name the missing ranks too (reading the keys themselves would
+    race with rank 0, which hosts the store, exiting)."""
+    if env.size == 1:
+        return
+    store.set(f"joined/{env.rank}", "1")
+    if env.rank == 0:
+        keys = [f"joined/{r}" for r in range(env.size)]
+        try:
+            store.wait(keys, datetime.timedelta(seconds=timeout_s))
+            store.set("joined/outcome", "ok")
+            return
+        except RuntimeError:
+            missing = [r for r in range(env.size) if not store.check([f"joined/{r}"])]
+        store.set("joined/outcome", ",".join(map(str, missing)))
+        time.sleep(2.0)  # let the ranks that came read it before the store goes
+    else:
+        try:
+            store.wait(["joined/outcome"], datetime.timedelta(seconds=timeout_s + 10.0))
+            outcome = store.get("joined/outcome").decode()
+        except RuntimeError:
+            raise LaunchEnvError(
+                f"rank 0 (which hosts the rendezvous at {env.master_addr}:{env.master_port}) "
+                f"did not confirm the job within {timeout_s:g} s and is gone; its log names "
+                "the ranks that never joined"
+            ) from None
+        if outcome == "ok":
+            return
+        missing = [int(r) for r in outcome.split(",") if r]
+    shown = ", ".join(map(str, missing[:10])) + (f" ... ({len(missing)} ranks)" if len(missing) > 10 else "")
+    raise LaunchEnvError(
+        f"rank(s) {shown} of {env.size} did not join the job at {env.master_addr}:{env.master_port} "
+        f"within {timeout_s:g} s; look at their logs (did they start? do they see the same "
+        "MASTER_ADDR/MASTER_PORT?) or raise RINGTRAIN_INIT_TIMEOUT"
+    )
 
 
 def _pin_device(env: LaunchEnv) -> torch.device:
