@@ -40,8 +40,9 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "broadcast_optimizer_state": ("ringtrain.replicate", "broadcast_optimizer_state"),
     "scale_lr": ("ringtrain.schedule", "scale_lr"),
     "warmup": ("ringtrain.schedule", "warmup"),
+    "parallelize": ("ringtrain.parallel", "parallelize"),
     **{name: (f"ringtrain.{name}", None) for name in (
-        "checkpoint", "data", "errors", "sync", "observe", "elastic",
+        "checkpoint", "data", "errors", "sync", "observe", "elastic", "parallel",
     )},
 }
 
@@ -64,7 +65,7 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
-    from ringtrain import checkpoint, data, elastic, errors, observe, sync
+    from ringtrain import checkpoint, data, elastic, errors, observe, parallel, sync
     from ringtrain.collectives import (
         Average,
         Handle,
@@ -88,6 +89,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     )
     from ringtrain.compression import Compression
     from ringtrain.optimizer import DistributedOptimizer
+    from ringtrain.parallel import parallelize
     from ringtrain.replicate import broadcast_optimizer_state, broadcast_parameters
     from ringtrain.runtime import (
         cross_rank,

@@ -8,16 +8,32 @@ checksum before unpickling, so a truncated or flipped byte is a clear error nami
 file. In a multi-process job rank 0 writes (other ranks return at once) and rank 0
 reads and broadcasts, so every rank ends with the same state even without a shared
 file system.
+
+Sharded state (FSDP2 / DTensor parameters, pipeline stages that each hold part of the
+model) goes through ``torch.distributed.checkpoint`` instead: :func:`save_sharded`
+has every rank write its own shards into a temporary directory, then rank 0 writes a
+manifest (size and SHA-256 of every file) and renames the directory into place;
+:func:`load_sharded` fills a state dict of *any* layout from it (DCP reshards by the
+tensors' global shapes). A kill during the save leaves the previous checkpoint
+untouched; a kill between the two renames of an overwrite leaves it under
+``<name>.old-<token>``, where :func:`load_sharded` finds it. Every rank must see the
+same directory (one host, or a shared file system), as with DCP itself.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
+import json
 import logging
 import os
 import re
+import shutil
 import struct
+import uuid
+import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,14 +42,21 @@ import torch
 from ringtrain import runtime
 from ringtrain.errors import CheckpointError
 
-__all__ = ["SUFFIX", "latest", "load", "save", "verify"]
+__all__ = [
+    "SHARDED_SUFFIX", "SUFFIX", "latest", "load", "load_sharded", "save", "save_sharded",
+    "verify", "verify_sharded",
+]
 
 log = logging.getLogger("ringtrain.checkpoint")
 
 _MAGIC = b"RTCKPT01"
 _HEADER = struct.Struct("<8sQ32s")
 SUFFIX = ".ckpt"
+#: Suggested suffix of a sharded checkpoint directory (``latest(d, "*.dcp")``).
+SHARDED_SUFFIX = ".dcp"
 _TMP_MARK = ".tmp-"
+_OLD_MARK = ".old-"
+_MANIFEST = "ringtrain-manifest.json"
 
 
 def _distributed() -> bool:
@@ -172,17 +195,211 @@ def latest(directory: str | os.PathLike[str], pattern: str = f"*{SUFFIX}") -> Pa
     """The newest complete checkpoint in ``directory`` (highest number in its name, then mtime).
 
     Damaged files are skipped with a warning, so a crash during a write never hides the
-    previous good checkpoint.
+    previous good checkpoint. Sharded checkpoint directories (:func:`save_sharded`)
+    count too when ``pattern`` matches them (e.g. ``"*.dcp"``).
     """
     root = Path(directory)
     if not root.is_dir():
         return None
-    candidates = [p for p in root.glob(pattern) if _TMP_MARK not in p.name and p.is_file()]
+    candidates = [p for p in root.glob(pattern)
+                  if _TMP_MARK not in p.name and _OLD_MARK not in p.name
+                  and (p.is_file() or (p / _MANIFEST).exists())]
     for candidate in sorted(candidates, key=_step_key, reverse=True):
         try:
-            _read_verified(candidate)
+            if candidate.is_dir():
+                _check_manifest(candidate, hashes=False)
+            else:
+                _read_verified(candidate)
         except CheckpointError as exc:
             log.warning("skipping %s", exc)
             continue
         return candidate
     return None
+
+
+# -- sharded state through torch.distributed.checkpoint ------------------------------------
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _fsync_file(path: Path) -> None:
+    with open(path, "rb") as f:
+        os.fsync(f.fileno())
+
+
+def _rank_and_size() -> tuple[int, int]:
+    return (runtime.rank(), runtime.size()) if _distributed() else (0, 1)
+
+
+def _agree(status: str | None, what: str) -> None:
+    """Rank 0's status reaches every rank: all raise the same error, or none does."""
+    if _distributed():
+        from ringtrain.collectives import broadcast_object
+
+        status = broadcast_object(status, root_rank=0, name=what)
+    if status is not None:
+        raise CheckpointError(status)
+
+
+@contextlib.contextmanager
+def _single_process_is_meant(size: int) -> Iterator[None]:
+    # DCP warns that it "assumes" a single process whenever no_dist is set; here it is
+    # not an assumption.
+    with warnings.catch_warnings():
+        if size == 1:
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        yield
+
+
+def save_sharded(path: str | os.PathLike[str], state: dict[str, Any]) -> Path:
+    """Write ``state`` (tensors may be DTensors / shards) to the directory ``path``.
+
+    Every rank must call it (it is collective). The directory appears complete or not
+    at all; an existing one is replaced only once the new one is complete.
+    """
+    import torch.distributed.checkpoint as dcp
+
+    target = Path(path)
+    rank, size = _rank_and_size()
+    token: Any = uuid.uuid4().hex[:12]
+    if size > 1:
+        from ringtrain.collectives import broadcast_object
+
+        token = broadcast_object(token, root_rank=0, name=f"checkpoint {target}")
+    tmp = target.with_name(f"{target.name}{_TMP_MARK}{token}")
+    tmp.mkdir(parents=True, exist_ok=True)
+    with _single_process_is_meant(size):
+        dcp.save(state, storage_writer=dcp.FileSystemWriter(str(tmp), sync_files=True),
+                 no_dist=size == 1)
+    # When dcp.save returns on any rank, every rank's files and the metadata are
+    # written (DCP finishes with a gather to the coordinator and a broadcast back).
+    mine = {f.name: [f.stat().st_size, _sha256(f)] for f in sorted(tmp.glob(f"__{rank}_*"))}
+    parts: list[Any] = [mine]
+    if size > 1:
+        from ringtrain.collectives import allgather_object
+
+        parts = allgather_object(mine, name=f"checkpoint {target}")
+    status: str | None = None
+    if rank == 0:
+        try:
+            _publish(tmp, target, parts, size)
+        except OSError as exc:
+            status = f"cannot write sharded checkpoint {target}: {exc}"
+    _agree(status, f"checkpoint {target}")
+    log.info("saved sharded checkpoint %s (%d ranks)", target, size)
+    return target
+
+
+def _publish(tmp: Path, target: Path, parts: list[dict[str, Any]], size: int) -> None:
+    files: dict[str, Any] = {}
+    for part in parts:
+        files.update(part)
+    for f in sorted(tmp.iterdir()):
+        if f.is_file() and f.name not in files:  # the metadata, anything not claimed
+            _fsync_file(f)
+            files[f.name] = [f.stat().st_size, _sha256(f)]
+    manifest = tmp / _MANIFEST
+    with open(manifest, "w") as out:
+        json.dump({"format": "torch.distributed.checkpoint", "ranks": size,
+                   "files": files}, out, indent=1, sort_keys=True)
+        out.flush()
+        os.fsync(out.fileno())
+    _fsync_dir(tmp)
+    old = None
+    if target.exists():
+        old = target.with_name(f"{target.name}{_OLD_MARK}{tmp.name.rsplit(_TMP_MARK, 1)[1]}")
+        os.replace(target, old)
+    os.replace(tmp, target)
+    _fsync_dir(target.parent)
+    # Leftovers of this name from saves that were killed: no longer needed now.
+    for stale in target.parent.glob(f"{_glob_escape(target.name)}.*-*"):
+        if (_TMP_MARK in stale.name or _OLD_MARK in stale.name) and stale.is_dir():
+            shutil.rmtree(stale, ignore_errors=True)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _glob_escape(name: str) -> str:
+    return re.sub(r"([*?\[])", r"[\1]", name)
+
+
+def _check_manifest(directory: Path, hashes: bool) -> None:
+    manifest = directory / _MANIFEST
+    try:
+        files = json.loads(manifest.read_text())["files"]
+    except FileNotFoundError:
+        raise CheckpointError(
+            f"{directory} is not a complete sharded checkpoint (no {_MANIFEST}); use an "
+            "earlier checkpoint") from None
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise CheckpointError(f"{manifest} is unreadable ({exc}); use an earlier checkpoint") from None
+    for name, (length, digest) in sorted(files.items()):
+        f = directory / name
+        try:
+            actual = f.stat().st_size
+        except FileNotFoundError:
+            raise CheckpointError(f"sharded checkpoint {directory} lacks {name}; use an "
+                                  "earlier checkpoint") from None
+        if actual != length:
+            raise CheckpointError(f"sharded checkpoint {directory}: {name} is truncated "
+                                  f"({actual} of {length} bytes); use an earlier checkpoint")
+        if hashes and _sha256(f) != digest:
+            raise CheckpointError(f"sharded checkpoint {directory}: {name} is corrupt "
+                                  "(checksum mismatch); use an earlier checkpoint")
+
+
+def verify_sharded(path: str | os.PathLike[str]) -> None:
+    """Raise :class:`CheckpointError` unless ``path`` is complete and every checksum holds."""
+    _check_manifest(Path(path), hashes=True)
+
+
+def _resolve_sharded(target: Path) -> Path:
+    if target.is_dir():
+        return target
+    # A save killed between its two renames left the previous checkpoint here.
+    olds = sorted(target.parent.glob(f"{_glob_escape(target.name)}{_OLD_MARK}*"),
+                  key=lambda p: p.stat().st_mtime, reverse=True)
+    for old in olds:
+        try:
+            _check_manifest(old, hashes=False)
+        except CheckpointError:
+            continue
+        log.warning("sharded checkpoint %s is missing; loading %s, left by an interrupted "
+                    "save", target, old.name)
+        return old
+    raise CheckpointError(f"sharded checkpoint {target} does not exist; check the path")
+
+
+def load_sharded(path: str | os.PathLike[str], state: dict[str, Any]) -> dict[str, Any]:
+    """Fill ``state`` in place from the sharded checkpoint at ``path`` and return it.
+
+    ``state`` describes *this* run's layout (e.g. ``Parallel.state_dict(opt)``): its
+    tensors say which pieces this rank needs, whatever layout saved them. Every rank
+    must call it.
+    """
+    import torch.distributed.checkpoint as dcp
+
+    target = Path(path)
+    rank, size = _rank_and_size()
+    status: str | None = None
+    found: Any = None
+    if rank == 0:
+        try:
+            found = _resolve_sharded(target)
+            _check_manifest(found, hashes=False)
+        except CheckpointError as exc:
+            status = str(exc)
+    _agree(status, f"checkpoint {target}")
+    if size > 1:
+        from ringtrain.collectives import broadcast_object
+
+        found = broadcast_object(str(found), root_rank=0, name=f"checkpoint {target}")
+    with _single_process_is_meant(size):
+        dcp.load(state, storage_reader=dcp.FileSystemReader(str(found)), no_dist=size == 1)
+    return state

@@ -14,6 +14,17 @@ say when the training loop was *blocked*:
 ``compute``        everything else: forward + backward (and any other Python in the loop)
 =================  ====================================================================
 
+Model parallelism (:mod:`ringtrain.parallel`) adds two phases of its own
+(:data:`PARALLEL_PHASES`), taken out of what would otherwise be compute:
+
+===================  ==================================================================
+``shard_comm``       FSDP's parameter all-gathers and gradient reduce-scatters
+``pipeline_bubble``  a pipeline stage waiting for its neighbours inside the schedule
+===================  ==================================================================
+
+They appear in :func:`split_step`'s totals only when such spans occur, and in the
+summary under ``"parallel"``.
+
 Spans may overlap (a loader may report a copy inside its own wait); each instant goes
 to the first phase in the order above that covers it, so the five phases are disjoint
 and add up to the step time *by construction* (:func:`split_step`).
@@ -33,13 +44,17 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["PHASES", "StepRecord", "Meter", "split_step", "summarize", "percentile"]
+__all__ = ["PARALLEL_PHASES", "PHASES", "StepRecord", "Meter", "split_step", "summarize",
+           "percentile"]
 
 #: The five disjoint phases of a step, in display order.
 PHASES: tuple[str, ...] = ("data_wait", "h2d_copy", "compute", "exchange_wait", "update")
+#: Phases of model-parallel steps (sharding traffic, pipeline bubble); zero otherwise.
+PARALLEL_PHASES: tuple[str, ...] = ("shard_comm", "pipeline_bubble")
 # Which blocking phase owns an instant covered by several spans: a copy reported inside
 # the loader's wait is the copy; anything blocked is not compute.
-_PRIORITY: tuple[str, ...] = ("h2d_copy", "data_wait", "exchange_wait", "update")
+_PRIORITY: tuple[str, ...] = ("h2d_copy", "data_wait", "exchange_wait", "shard_comm",
+                              "pipeline_bubble", "update")
 _PRIORITY_OF = {kind: i for i, kind in enumerate(_PRIORITY)}
 # Spans kept between two step ends; a loop that iterates a loader for a long time
 # without stepping (evaluation) must not grow memory without bound.
@@ -70,6 +85,12 @@ class StepRecord:
     samples: int | None = None
     #: Duration of copies overlapped on a side stream (not part of the split).
     h2d_overlapped: float = 0.0
+    #: FSDP all-gathers and reduce-scatters the step waited for (see PARALLEL_PHASES).
+    shard_comm: float = 0.0
+    #: Time a pipeline stage waited for its neighbours.
+    pipeline_bubble: float = 0.0
+    #: Bytes FSDP gathered and scattered in this step.
+    shard_bytes: int = 0
 
     @property
     def step(self) -> float:
@@ -84,7 +105,8 @@ class StepRecord:
         """
         if self.step <= 0:
             return 0.0
-        idle = self.data_wait + self.h2d_copy + self.exchange_wait
+        idle = (self.data_wait + self.h2d_copy + self.exchange_wait + self.shard_comm
+                + self.pipeline_bubble)
         return max(0.0, min(1.0, 1.0 - idle / self.step))
 
     def phase(self, name: str) -> float:
@@ -115,14 +137,18 @@ def split_step(start: float, end: float,
 
     ``spans`` are ``(kind, t_start, t_end)`` with kinds from the blocking phases; they
     are clipped to the step and resolved by priority where they overlap; what no span
-    covers is ``compute``. Returns the seconds per phase (summing to ``end - start``)
-    and the disjoint segments, in time order, that cover the step.
+    covers is ``compute``. Returns the seconds per phase (summing to ``end - start``;
+    the :data:`PARALLEL_PHASES` are there only when their spans are) and the disjoint
+    segments, in time order, that cover the step.
     """
     clipped = sorted(
         (max(a, start), min(b, end), _PRIORITY_OF[k]) for k, a, b in spans
         if k in _PRIORITY_OF and min(b, end) > max(a, start)
     )
     totals = dict.fromkeys(PHASES, 0.0)
+    for _, _, r in clipped:
+        if _PRIORITY[r] in PARALLEL_PHASES:
+            totals.setdefault(_PRIORITY[r], 0.0)
     segments: list[Segment] = []
 
     def put(kind: str, a: float, b: float) -> None:
@@ -189,7 +215,8 @@ class Meter:
         #: What the data source said about the latest batch (epoch, batch, batches, workers).
         self.data_info: dict[str, Any] = {}
         self._recent: deque[StepRecord] = deque()
-        self._sums = dict.fromkeys((*PHASES, "step", "exchange", "bytes", "samples"), 0.0)
+        self._sums = dict.fromkeys((*PHASES, *PARALLEL_PHASES, "step", "exchange", "bytes",
+                                    "samples"), 0.0)
         self._samples_known = 0
         self._stride = 1  # series keeps one record in every ``_stride`` once capped
         self._uses_step_end = False
@@ -202,6 +229,9 @@ class Meter:
         self._samples: int | None = None
         self._h2d_overlapped = 0.0
         self._loader_step_open = False
+        self._shard_bytes = 0
+        #: What the pipeline said about itself (stages, microbatches, stage).
+        self.pipeline_info: dict[str, Any] = {}
 
     # -- feeding ------------------------------------------------------------------------
 
@@ -232,6 +262,12 @@ class Meter:
             self._tensors += len(info.get("tensors", ()))
         elif kind == "h2d_copy" and info.get("overlapped"):
             self._h2d_overlapped += t_end - t_start
+        elif kind in PARALLEL_PHASES:
+            self._add(kind, t_start, t_end)
+            if kind == "shard_comm":
+                self._shard_bytes += int(info.get("bytes", 0))
+            elif info:
+                self.pipeline_info.update(info)
         elif kind in _PRIORITY_OF:
             self._add(kind, t_start, t_end)
         return None
@@ -258,12 +294,16 @@ class Meter:
             exchange_bytes=self._bytes, buckets=self._buckets, tensors=self._tensors,
             samples=self._samples,
             h2d_overlapped=self._h2d_overlapped,
+            shard_comm=totals.get("shard_comm", 0.0),
+            pipeline_bubble=totals.get("pipeline_bubble", 0.0),
+            shard_bytes=self._shard_bytes,
         )
         self._pending.clear()
         self._exchanges.clear()
         self._bytes = self._buckets = self._tensors = 0
         self._samples = None
         self._h2d_overlapped = 0.0
+        self._shard_bytes = 0
         self._last_end = end
         self.steps_seen += 1
         self.last, self.last_segments = record, segments
@@ -295,6 +335,8 @@ class Meter:
         s["compute"] += sign * r.compute
         s["exchange_wait"] += sign * r.exchange_wait
         s["update"] += sign * r.update
+        s["shard_comm"] += sign * r.shard_comm
+        s["pipeline_bubble"] += sign * r.pipeline_bubble
         s["step"] += sign * (r.end - r.start)
         s["exchange"] += sign * r.exchange
         s["bytes"] += sign * r.exchange_bytes
@@ -340,7 +382,10 @@ class Meter:
             records = [r for r in self.series if r.index >= self.warmup]
         else:
             raise ValueError(f"scope must be 'window' or 'all', got {scope!r}")
-        return summarize(records, steps_seen=self.steps_seen, warmup=self.warmup)
+        out = summarize(records, steps_seen=self.steps_seen, warmup=self.warmup)
+        if self.pipeline_info:
+            out["parallel"]["pipeline"] = dict(self.pipeline_info)
+        return out
 
 
 def summarize(records: Sequence[StepRecord], steps_seen: int = 0, warmup: int = 0) -> dict[str, Any]:
@@ -388,4 +433,15 @@ def summarize(records: Sequence[StepRecord], steps_seen: int = 0, warmup: int = 
         },
         "h2d_overlapped_s": (sum(r.h2d_overlapped for r in records) / n) if n else 0.0,
     }
+    parallel: dict[str, Any] = {}
+    for name in PARALLEL_PHASES:
+        seconds = sum(r.phase(name) for r in records)
+        parallel[name] = {"s": seconds / n if n else 0.0,
+                          "share": seconds / total if total > 0 else 0.0}
+    parallel["shard_bytes_per_step"] = (sum(r.shard_bytes for r in records) / n) if n else 0.0
+    parallel["pipeline"] = None
+    out["parallel"] = parallel
+    # The device also idles while it waits for shards or for pipeline neighbours.
+    idle_parallel = sum(parallel[name]["share"] for name in PARALLEL_PHASES)
+    out["device_busy"]["mean"] = max(0.0, out["device_busy"]["mean"] - idle_parallel)
     return out

@@ -9,14 +9,23 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ringtrain.observe.meter import PHASES
+from ringtrain.observe.meter import PARALLEL_PHASES, PHASES
 
 __all__ = ["available", "plot_reports"]
 
 _COLOURS = {
     "data_wait": "#d62728", "h2d_copy": "#ff9896", "compute": "#2ca02c",
     "exchange_wait": "#1f77b4", "update": "#9467bd",
+    # model parallelism's own waits (carved out of compute by the meter)
+    "shard_comm": "#17becf", "pipeline_bubble": "#bcbd22",
 }
+
+
+def _phase_ms(report: dict[str, Any], name: str) -> float:
+    summary = report["summary"]
+    if name in PHASES:
+        return 1e3 * float(summary["phases_s"][name])
+    return 1e3 * float(((summary.get("parallel") or {}).get(name) or {}).get("s", 0.0))
 
 
 def available() -> bool:
@@ -60,8 +69,9 @@ def plot_reports(reports: list[dict[str, Any]], path: str | Path, title: str = "
 
     labels = [f"rank {r['rank']}" for r in reports]
     left = [0.0] * len(reports)
-    for name in PHASES:
-        widths = [1e3 * r["summary"]["phases_s"][name] for r in reports]
+    shown = [*PHASES, *(n for n in PARALLEL_PHASES if any(_phase_ms(r, n) > 0 for r in reports))]
+    for name in shown:
+        widths = [_phase_ms(r, name) for r in reports]
         bottom.barh(labels, widths, left=left, color=_COLOURS[name], height=0.6,
                     label=name.replace("_", " "))
         left = [a + b for a, b in zip(left, widths)]
@@ -69,7 +79,7 @@ def plot_reports(reports: list[dict[str, Any]], path: str | Path, title: str = "
     bottom.set_xlabel("mean milliseconds per step")
     bottom.set_title("where a step's time goes", fontsize=10)
     bottom.legend(loc="upper center", bbox_to_anchor=(0.5, -0.28), fontsize=8,
-                  ncol=len(PHASES), frameon=False)
+                  ncol=len(shown), frameon=False)
     bottom.grid(axis="x", alpha=0.3)
 
     target = Path(path)

@@ -12,6 +12,12 @@ the last to arrive; its wait is the exchange's own cost. Hence
 * exchange score = the smallest exchange-wait share of any rank,
 * whichever is larger and at least :data:`BOUND_SHARE` names the bottleneck;
   below that on both counts the device is busy and the job is compute-bound.
+
+Model-parallel jobs (:mod:`ringtrain.parallel`) bring two more scores, zero for every
+other job: the pipeline bubble (the mean share of the step the stages wait for their
+neighbours) and the sharding traffic (the smallest share any rank waits for FSDP's
+gathers and scatters, by the same last-to-arrive argument as the exchange). They can
+name the job "pipeline-bound" or "shard-bound".
 """
 
 from __future__ import annotations
@@ -19,6 +25,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from typing import Any
+
+from ringtrain.bubble import bubble_fraction
 
 __all__ = ["BOUND_SHARE", "RankView", "Diagnosis", "diagnose", "render", "rank_view"]
 
@@ -59,6 +67,12 @@ class RankView:
     local_size: int
     fusion_mb: float
     gpu: dict[str, Any] | None
+    #: Share of the step waiting for pipeline neighbours / for FSDP gathers + scatters.
+    bubble_share: float = 0.0
+    shard_share: float = 0.0
+    shard_bytes_per_step: float = 0.0
+    #: What the pipeline reported: stages, microbatches, stage (None: no pipeline).
+    pipeline: dict[str, Any] | None = None
 
     @property
     def data_share(self) -> float:
@@ -75,6 +89,7 @@ def rank_view(report: dict[str, Any]) -> RankView:
     loader = report.get("loader") or {}
     busy = s["device_busy"]
     workers = loader.get("workers")
+    par = s.get("parallel") or {}
     return RankView(
         rank=int(report["rank"]), steps=int(s["steps"]), step_s=float(s["step_s"]["mean"]),
         step_p90_s=float(s["step_s"]["p90"]), shares=dict(s["shares"]),
@@ -91,12 +106,17 @@ def rank_view(report: dict[str, Any]) -> RankView:
         local_size=int(report.get("local_size", 1)),
         fusion_mb=float((report.get("settings") or {}).get("fusion_mb", 25.0)),
         gpu=s.get("gpu"),
+        bubble_share=float((par.get("pipeline_bubble") or {}).get("share", 0.0)),
+        shard_share=float((par.get("shard_comm") or {}).get("share", 0.0)),
+        shard_bytes_per_step=float(par.get("shard_bytes_per_step", 0.0)),
+        pipeline=par.get("pipeline"),
     )
 
 
 @dataclass(frozen=True)
 class Diagnosis:
-    verdict: str  #: "input-bound" | "exchange-bound" | "compute-bound"
+    #: "input-bound" | "exchange-bound" | "compute-bound" | "pipeline-bound" | "shard-bound"
+    verdict: str
     headline: str
     evidence: list[str] = field(default_factory=list)
     advice: list[str] = field(default_factory=list)
@@ -204,6 +224,46 @@ def _compute_advice(r: RankView) -> list[str]:
     return advice
 
 
+def _pipeline_advice(ranks: list[RankView], share: float) -> list[str]:
+    advice: list[str] = []
+    info = next((v.pipeline for v in ranks if v.pipeline), None) or {}
+    p, m = info.get("stages"), info.get("microbatches")
+    if isinstance(p, int) and isinstance(m, int) and p > 1:
+        advice.append(
+            f"{p} stages with {m} micro-batches idle (p-1)/(m+p-1) = {_pct(bubble_fraction(p, m))} "
+            f"of the step by design (measured {_pct(share)}); microbatches={2 * m} would "
+            f"make it {_pct(bubble_fraction(p, 2 * m))}, {4 * m} {_pct(bubble_fraction(p, 4 * m))}, as long as "
+            "each micro-batch keeps the device busy; with schedule='1f1b' more "
+            "micro-batches cost no activation memory.")
+        if share > bubble_fraction(p, m) + 0.05:
+            advice.append(
+                f"the bubble is {_pct(share - bubble_fraction(p, m))} over the schedule's own: the "
+                "stages are unequal or their sends are slow; move the cut (split=[...]) so "
+                "each stage has the same work, or use fewer stages.")
+    else:
+        advice.append("raise microbatches: the bubble is (p-1)/(m+p-1) of the step.")
+    spread = sorted(ranks, key=lambda v: v.bubble_share)
+    if len(spread) > 1 and spread[-1].bubble_share > 2 * spread[0].bubble_share + 0.05:
+        advice.append(
+            f"rank {spread[0].rank} waits least ({_pct(spread[0].bubble_share)}) and rank "
+            f"{spread[-1].rank} most ({_pct(spread[-1].bubble_share)}): rank "
+            f"{spread[0].rank}'s stage is the slowest; give it fewer layers.")
+    return advice
+
+
+def _shard_advice(r: RankView) -> list[str]:
+    mb = r.shard_bytes_per_step / _MB
+    return [
+        f"FSDP gathers parameters and scatters gradients ({mb:.1f} MB per step on rank "
+        f"{r.rank}) for {_pct(r.shard_share)} of the step; that traffic is the same "
+        "whatever the batch, so a larger per-rank batch (with rt.scale_lr) shrinks its "
+        "share.",
+        "if the model's state fits one device, shard=False replaces the gathers with one "
+        "gradient all-reduce per step; on GPUs FSDP also overlaps gathers with compute, "
+        "on CPU (Gloo) nothing overlaps.",
+    ]
+
+
 def diagnose(reports: list[dict[str, Any]]) -> Diagnosis:
     """The verdict for a job from its ranks' reports (each must have measured steps)."""
     ranks = sorted((rank_view(r) for r in reports), key=lambda v: v.rank)
@@ -215,6 +275,9 @@ def diagnose(reports: list[dict[str, Any]]) -> Diagnosis:
     data_score, exchange_score = starved.data_share, last_to_arrive.exchange_share
     n = len(ranks)
     mean = lambda f: sum(f(v) for v in ranks) / n  # noqa: E731
+    bubble_score = mean(lambda v: v.bubble_share)
+    shard_rank = min(ranks, key=lambda v: v.shard_share)
+    shard_score = shard_rank.shard_share
 
     evidence = [
         f"step time {_ms(mean(lambda v: v.step_s))} (p90 {_ms(mean(lambda v: v.step_p90_s))})"
@@ -222,7 +285,11 @@ def diagnose(reports: list[dict[str, Any]]) -> Diagnosis:
            if all(v.samples_per_s for v in ranks) else ""),
         "where it goes: " + " | ".join(
             f"{name.replace('_', ' ')} {_pct(mean(lambda v, k=name: v.shares.get(k, 0.0)))}"
-            for name in ("data_wait", "h2d_copy", "compute", "exchange_wait", "update")),
+            for name in ("data_wait", "h2d_copy", "compute", "exchange_wait", "update"))
+        + (f" | shard gather/scatter {_pct(mean(lambda v: v.shard_share))}"
+           if any(v.shard_share for v in ranks) else "")
+        + (f" | pipeline bubble {_pct(bubble_score)}" if any(v.bubble_share for v in ranks)
+           else ""),
         f"device busy {_pct(mean(lambda v: v.busy))} (p10 {_pct(mean(lambda v: v.busy_p10))}, "
         f"p90 {_pct(mean(lambda v: v.busy_p90))}; "
         + ("NVML" if ranks[0].busy_source == "nvml" else "host estimate: not waiting for data "
@@ -243,6 +310,20 @@ def diagnose(reports: list[dict[str, Any]]) -> Diagnosis:
             f"{ranks[0].buckets_per_step:.0f} bucket(s)"
             + (f", {_pct(hidden)} hidden behind backward" if hidden is not None else ""))
 
+    parallel_score = max(bubble_score, shard_score)
+    if parallel_score >= BOUND_SHARE and parallel_score > max(data_score, exchange_score):
+        if bubble_score >= shard_score:
+            return Diagnosis(
+                "pipeline-bound",
+                f"PIPELINE-BOUND: the stages wait for each other {_pct(bubble_score)} of "
+                "each step (the pipeline bubble).",
+                evidence, _pipeline_advice(ranks, bubble_score), ranks)
+        return Diagnosis(
+            "shard-bound",
+            f"SHARD-BOUND: {_pct(shard_score)} of each step waits for FSDP's parameter "
+            "gathers and gradient scatters"
+            + (f", even on rank {shard_rank.rank}, the last to arrive" if n > 1 else "") + ".",
+            evidence, _shard_advice(shard_rank), ranks)
     if max(data_score, exchange_score) < BOUND_SHARE:
         best = min(ranks, key=lambda v: v.busy)
         return Diagnosis(
@@ -270,11 +351,15 @@ def render(d: Diagnosis) -> str:
     lines = [f"verdict: {d.headline}", ""]
     lines += [f"  {e}" for e in d.evidence]
     if len(d.ranks) > 1:
+        parallel = any(v.bubble_share or v.shard_share for v in d.ranks)
         lines.append("")
-        lines.append("  rank   step      data wait  exchange wait  device busy")
+        lines.append("  rank   step      data wait  exchange wait  device busy"
+                     + ("  shard comm  bubble" if parallel else ""))
         for v in d.ranks:
             lines.append(f"  {v.rank:<5}  {_ms(v.step_s):<9} {_pct(v.data_share):>9}  "
-                         f"{_pct(v.exchange_share):>13}  {_pct(v.busy):>11}")
+                         f"{_pct(v.exchange_share):>13}  {_pct(v.busy):>11}"
+                         + (f"  {_pct(v.shard_share):>10}  {_pct(v.bubble_share):>6}"
+                            if parallel else ""))
     lines.append("")
     lines.append("advice:")
     lines += [f"  - {a}" for a in d.advice]

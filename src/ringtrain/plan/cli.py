@@ -9,6 +9,9 @@ Examples::
     ringtrain plan --model custom --module torchvision.models:resnet18 --input-shape 3,224,224 --step-ms 60
     ringtrain plan --validate        # the published results and the planner's predictions
     ringtrain plan --calibrate       # fit alpha and B of loopback Gloo, check a real step
+    ringtrain plan --parallel --params 1.3B --layers 24 --hidden 2048 --seq 2048 \
+        --global-batch 512 --gpus 64 --gpus-per-host 8 --device-memory 80 --step-ms 90000
+                                     # model parallelism: recommend a layout (or --layout 2x4x8)
 
 Only :func:`main` prints and turns errors into exit codes; everything it calls is
 pure or raises :class:`ringtrain.errors.ConfigError`.
@@ -30,6 +33,13 @@ from ringtrain.plan.cost import STRATEGIES, check_strategy
 from ringtrain.plan.layers import DEFAULT_CUSTOM_LAYERS, Layer, from_module, from_param_count
 from ringtrain.plan.models import MODELS, canonical_model, model_layers, step_time
 from ringtrain.plan.network import INTRA_LINKS, LINKS, Topology, intra_link, link
+from ringtrain.plan.parallelism import (
+    LayoutChoice,
+    ModelSpec,
+    format_predictions,
+    predict,
+    recommend,
+)
 from ringtrain.plan.report import format_header, format_scaling, scaling_json
 from ringtrain.plan.simulate import (
     DEFAULT_BACKWARD_FRACTION,
@@ -40,7 +50,7 @@ from ringtrain.plan.simulate import (
     scaling,
 )
 
-__all__ = ["main", "parse_gpus", "parse_count", "build_parser", "build_scenario"]
+__all__ = ["main", "parse_gpus", "parse_count", "parse_layout", "build_parser", "build_scenario"]
 
 _DEFAULT_GPUS = "1,2,4,8,16,...,512"
 
@@ -150,6 +160,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--validate", action="store_true", help="print published results vs predictions")
     p.add_argument("--calibrate", action="store_true",
                    help="fit alpha and B of loopback Gloo and check a real 2- and 4-process step")
+    g = p.add_argument_group("model parallelism (--parallel)")
+    g.add_argument("--parallel", action="store_true",
+                   help="plan pipeline x tensor x data layouts: per-rank memory, step time, "
+                        "bubble; recommends one unless --layout is given")
+    g.add_argument("--layout", help="PxTxD: pipeline stages x tensor ranks x data ranks")
+    g.add_argument("--shard", action=argparse.BooleanOptionalAction, default=None,
+                   help="with --layout: shard state over the data ranks (default yes)")
+    g.add_argument("--microbatches", type=int, help="micro-batches per step (default 4 x stages)")
+    g.add_argument("--schedule", default="1f1b", choices=("1f1b", "gpipe"),
+                   help="pipeline schedule (default 1f1b)")
+    g.add_argument("--hidden", type=int, help="model width (for activations and tensor traffic)")
+    g.add_argument("--heads", type=int, help="attention heads (tensor degree must divide them)")
+    g.add_argument("--seq", type=int, help="sequence length in tokens")
+    g.add_argument("--vocab", type=int, help="vocabulary (embedding + head stay whole under -t)")
+    g.add_argument("--global-batch", type=int, help="samples per step over all ranks")
+    g.add_argument("--device-memory", type=float, help="GiB of memory per device")
+    g.add_argument("--tflops", type=float,
+                   help="achieved TFLOP/s of one device, instead of --step-ms "
+                        "(step = 6 x params x tokens / FLOP/s, Kaplan et al. 2020)")
     return p
 
 
@@ -264,6 +293,85 @@ def _write_json(path: str, data: Any) -> None:
     target.write_text(json.dumps(data, indent=2) + "\n")
 
 
+def parse_layout(text: str) -> tuple[int, int, int]:
+    """``"2x4x8"`` -> (pipeline, tensor, data)."""
+    parts = text.lower().replace(" ", "").split("x")
+    try:
+        values = tuple(int(v) for v in parts)
+    except ValueError:
+        values = ()
+    if len(values) != 3 or min(values) < 1:
+        raise ConfigError(f"--layout {text!r}: write PxTxD with whole numbers >= 1, e.g. 2x4x8 "
+                          "(pipeline stages x tensor ranks x data ranks)")
+    return values[0], values[1], values[2]
+
+
+def _plan_parallel(args: argparse.Namespace) -> str:
+    if not args.params or args.layers is None:
+        raise ConfigError("--parallel needs --params N and --layers L (transformer blocks)")
+    spec = ModelSpec(parse_count(args.params), args.layers, args.hidden, args.heads, args.seq,
+                     args.vocab)
+    if args.gpus == _DEFAULT_GPUS:
+        raise ConfigError("--parallel needs --gpus N: the number of devices to lay out")
+    counts = parse_gpus(args.gpus)
+    if len(counts) != 1:
+        raise ConfigError(f"--parallel plans one GPU count at a time, got --gpus {args.gpus}")
+    gpus = counts[0]
+    if not args.global_batch or args.global_batch < 1:
+        raise ConfigError("--parallel needs --global-batch B (samples per step over all ranks)")
+    if args.step_ms is not None:
+        if args.step_ms <= 0:
+            raise ConfigError(f"--step-ms must be > 0, got {args.step_ms}")
+        compute_s, source = args.step_ms / 1e3, "given with --step-ms"
+    elif args.tflops and args.seq:
+        compute_s = 6 * spec.params * args.global_batch * args.seq / (args.tflops * 1e12)
+        source = f"6 x params x tokens at {args.tflops:g} TFLOP/s"
+    else:
+        raise ConfigError("--parallel needs --step-ms T (one device, whole global batch) or "
+                          "--tflops F with --seq S")
+    topo = Topology(args.gpus_per_host, intra_link(args.intra), link(args.network))
+    memory = args.device_memory * 2**30 if args.device_memory else None
+    header = (f"{spec.params / 1e6:.1f}M parameters in {spec.layers} layers, global batch "
+              f"{args.global_batch}, single-device step {compute_s:.3f} s ({source}); "
+              f"{gpus} devices, {args.gpus_per_host} per host ({topo.intra.name} inside, "
+              f"{topo.inter.name} between)")
+    if args.layout:
+        p, t, d = parse_layout(args.layout)
+        if p * t * d != gpus:
+            raise ConfigError(f"--layout {args.layout} uses {p * t * d} devices but --gpus is "
+                              f"{gpus}; make P x T x D equal --gpus")
+        m = 1 if p == 1 else (args.microbatches or 4 * p)
+        lay = LayoutChoice(p, t, d, True if args.shard is None else args.shard, m, args.schedule)
+        pred = predict(spec, lay, compute_s=compute_s, global_batch=args.global_batch,
+                       topology=topo, device_memory=memory)
+        text = format_predictions([pred], header)
+        text += (f"\n\npipeline bubble: (p-1)/(m+p-1) = {pred.schedule_bubble:.1%} of the "
+                 f"forward+backward, {pred.bubble_share:.1%} of the whole step")
+        preds = [pred]
+    else:
+        if memory is None:
+            raise ConfigError("--parallel without --layout recommends one: give "
+                              "--device-memory GiB per device")
+        preds = recommend(spec, gpus, device_memory=memory, compute_s=compute_s,
+                          global_batch=args.global_batch, topology=topo,
+                          microbatches=args.microbatches, schedule=args.schedule)
+        if not preds:
+            return (f"{header}\n\nno layout of {gpus} devices fits {args.device_memory:g} GiB "
+                    "per device: add devices, shorten the sequence or the micro-batch, or "
+                    "use devices with more memory")
+        best = preds[0].layout
+        text = format_predictions(preds[:10], header)
+        text += (f"\n\nrecommended: --pipeline {best.pipeline} --tensor {best.tensor} "
+                 f"({best.data} data ranks, {'sharded' if best.shard else 'replicated'}"
+                 + (f", {best.microbatches} micro-batches" if best.pipeline > 1 else "")
+                 + f"): {preds[0].step_s * 1e3:.1f} ms per step, "
+                 f"{preds[0].memory_bytes / 2**30:.2f} GiB per device")
+    if args.json:
+        _write_json(args.json, [pr.to_json() for pr in preds])
+        text += f"\nwrote {args.json}"
+    return text
+
+
 def _validate() -> str:
     from ringtrain.plan.validation import TOLERANCE_PP, format_table, run
 
@@ -290,7 +398,9 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of ``ringtrain plan``; returns the exit code."""
     try:
         args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
-        if args.validate:
+        if args.parallel:
+            out = _plan_parallel(args)
+        elif args.validate:
             out = _validate()
         elif args.calibrate:
             out = _calibrate(args)

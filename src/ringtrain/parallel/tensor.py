@@ -1,0 +1,90 @@
+"""Tensor parallelism of linear layers, on DTensor (``torch.distributed.tensor.parallel``).
+
+A plan maps module names (``fnmatch`` patterns over the model's module names, e.g.
+``"blocks.*.attn.q"``) to ``"colwise"`` or ``"rowwise"``. Megatron-LM's pairing
+(Shoeybi et al. 2019, section 3): the first linear of a pair is split by output
+columns, so each rank computes its own slice of the hidden units (its own attention
+heads) with no communication; the second is split by input rows and its partial
+outputs are summed by one all-reduce. One all-reduce forward and one backward per pair.
+
+Attention splits by heads: a module with ``n_head`` / ``num_heads`` / ``n_heads``
+whose projections are in the plan must have a head count the tensor degree divides,
+and its forward must take the head count from the (local) tensor shape, as
+``q.view(B, T, -1, head_dim)`` does.
+
+:func:`resolve_plan` and :func:`check_plan` are pure checks run on every rank before
+any collective, so a layer that does not divide is the same one-line error everywhere.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Mapping
+
+from torch import nn
+
+from ringtrain.errors import ConfigError
+
+__all__ = ["STYLES", "apply_plan", "check_plan", "resolve_plan"]
+
+STYLES: tuple[str, ...] = ("colwise", "rowwise")
+_HEAD_ATTRS = ("n_head", "num_heads", "n_heads")
+
+
+def resolve_plan(model: nn.Module, plan: Mapping[str, str]) -> dict[str, str]:
+    """Module name -> style for every module the plan's patterns match."""
+    modules = dict(model.named_modules())
+    out: dict[str, str] = {}
+    for pattern, style in plan.items():
+        key = style.strip().lower() if isinstance(style, str) else style
+        if key not in STYLES:
+            raise ConfigError(
+                f"tensor plan {pattern!r}: {style!r} is not one of {', '.join(STYLES)}")
+        hits = [name for name in modules if name and fnmatch.fnmatchcase(name, pattern)]
+        if not hits:
+            raise ConfigError(
+                f"tensor plan pattern {pattern!r} matches no module of the model; check "
+                "the names (print(dict(model.named_modules()).keys()))")
+        for name in hits:
+            out[name] = key
+    return out
+
+
+def check_plan(model: nn.Module, resolved: Mapping[str, str], tensor: int) -> None:
+    """A ConfigError naming the first layer that ``tensor`` ranks cannot split evenly."""
+    for name, style in resolved.items():
+        module = model.get_submodule(name)
+        if not isinstance(module, nn.Linear):
+            raise ConfigError(
+                f"tensor plan: {name} is a {type(module).__name__}, only nn.Linear layers "
+                "are split; drop it from the plan")
+        size, what = ((module.out_features, "output features") if style == "colwise"
+                      else (module.in_features, "input features"))
+        if size % tensor:
+            fits = [k for k in range(2, size + 1) if size % k == 0][:4]
+            raise ConfigError(
+                f"tensor parallel: {name} ({style}) has {size} {what}, which tensor="
+                f"{tensor} does not divide; choose tensor from {fits or [1]} or resize the layer")
+    for name, module in model.named_modules():
+        heads = next((getattr(module, a) for a in _HEAD_ATTRS
+                      if isinstance(getattr(module, a, None), int)), None)
+        if heads is None or not any(n.startswith(f"{name}.") for n in resolved):
+            continue
+        if heads % tensor:
+            fits = [k for k in range(2, heads + 1) if heads % k == 0][:4]
+            raise ConfigError(
+                f"tensor parallel: attention {name or 'model'} has {heads} heads, which "
+                f"tensor={tensor} does not divide; choose tensor from {fits or [1]}")
+
+
+def apply_plan(model: nn.Module, resolved: Mapping[str, str], mesh: object) -> None:
+    """Split the planned layers over ``mesh`` (a 1-D tensor-parallel DeviceMesh), in place."""
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        parallelize_module,
+    )
+
+    styles = {name: ColwiseParallel() if style == "colwise" else RowwiseParallel()
+              for name, style in resolved.items()}
+    parallelize_module(model, mesh, styles)  # type: ignore[arg-type]
