@@ -46,8 +46,9 @@ LAZY = (
 
 def _launchers(n: int, hosts: list[str]) -> dict[str, list[str]]:
     found = {
-        "ringrun": [str(BIN / "ringrun"), "-np", str(n)],
-        "ringrun (lazy pkg)": [sys.executable, "-c", LAZY, "-np", str(n)],
+        # torchrun starts any number of processes; compare like with like.
+        "ringrun": [str(BIN / "ringrun"), "-np", str(n), "--oversubscribe"],
+        "ringrun (lazy pkg)": [sys.executable, "-c", LAZY, "-np", str(n), "--oversubscribe"],
         "torchrun": [str(BIN / "torchrun"), "--standalone", "--nproc-per-node", str(n)],
     }
     if hosts:

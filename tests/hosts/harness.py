@@ -93,7 +93,8 @@ def new_marker() -> str:
 
 
 def env_for(marker: str, **extra: str) -> dict[str, str]:
-    env = dict(os.environ)
+    # Not the Slurm job the suite may itself run in: ringrun would take its nodes.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_") or k == "SLURM_CONF"}
     env["PATH"] = f"{BIN}:{env.get('PATH', '')}"
     env["RINGTEST_MARKER"] = marker
     env.update(extra)

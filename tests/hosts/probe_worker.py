@@ -30,7 +30,9 @@ def main() -> None:
         print(f"rank={e['RINGTRAIN_RANK']} ns={_namespace()} local={e['RINGTRAIN_LOCAL_RANK']}/"
               f"{e['RINGTRAIN_LOCAL_SIZE']} cross={e['RINGTRAIN_CROSS_RANK']}/{e['RINGTRAIN_CROSS_SIZE']} "
               f"master={e['MASTER_ADDR']} gloo_if={e.get('GLOO_SOCKET_IFNAME')} "
-              f"cwd={os.getcwd()} x={e.get('RT_TEST_X')}", flush=True)
+              f"cwd={os.getcwd()} x={e.get('RT_TEST_X')} hvd={e.get('HOROVOD_RANK')}/"
+              f"{e.get('HOROVOD_CROSS_RANK')}/{e.get('HOROVOD_CROSS_SIZE')}@{e.get('HOROVOD_HOSTNAME')}",
+              flush=True)
     elif mode == "sleep":
         print("ready", flush=True)
         time.sleep(120)

@@ -9,7 +9,8 @@ is its state. Rank 0 writes the final parameters to ``--out``.
 
 Fault injection for tests: with ``CHAOS_PAUSE_RANK=r`` and ``CHAOS_PAUSE_STEP=s``, rank
 r of the first attempt writes its pid to ``CHAOS_PAUSE_FILE`` before step s and waits
-there to be killed (the test sends SIGKILL), so the kill lands at a chosen step.
+there to be killed (the test sends SIGKILL), so the kill lands at a chosen step; once
+only (a job that Slurm requeues starts again at attempt 0, with the file present).
 """
 
 from __future__ import annotations
@@ -51,6 +52,8 @@ def _maybe_pause(step: int) -> None:
         return
     if int(os.environ["CHAOS_PAUSE_STEP"]) != step:
         return
+    if Path(os.environ["CHAOS_PAUSE_FILE"]).exists():
+        return  # paused once already: a job Slurm requeued runs again from attempt 0
     tmp = os.environ["CHAOS_PAUSE_FILE"] + ".tmp"
     Path(tmp).write_text(str(os.getpid()))
     os.replace(tmp, os.environ["CHAOS_PAUSE_FILE"])

@@ -158,3 +158,75 @@ def test_missing_working_directory_is_reported(tmp_path: Path) -> None:
     rest = _lines(proc, b"E ")
     assert rest[-1].startswith(b"E working directory") and b"does not exist" in rest[-1]
     assert proc.wait(10) == 2
+
+
+def _vm_hwm_mib(pid: int) -> float:
+    for row in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if row.startswith("VmHWM:"):
+            return int(row.split()[1]) / 1024
+    raise AssertionError("no VmHWM")
+
+
+@pytest.mark.timeout(60)
+def test_a_long_line_goes_to_ringrun_in_bounded_pieces() -> None:
+    """A 50 MiB line without a newline: the agent sends 64 KiB pieces (``P``) then the
+    end of the line (``O``), and its own memory stays small (before: one 50 MiB line
+    and a copy of it with the header)."""
+    marker = new_marker()
+    proc = _start(marker)
+    _lines(proc, b"R ")
+    code = ("import sys, time; b = b'y' * (1 << 20)\nfor _ in range(50): sys.stdout.buffer.write(b)\n"
+            "sys.stdout.buffer.write(b'\\n'); print('end', flush=True); time.sleep(30)")
+    assert proc.stdin is not None and proc.stdout is not None
+    proc.stdin.write(_spec(marker, code, (0,)))
+    proc.stdin.flush()
+    pieces, total = 0, 0
+    longest = 0
+    while True:
+        line = proc.stdout.readline()
+        assert line, "the agent ended early"
+        longest = max(longest, len(line))
+        if line.startswith(b"P 0 "):
+            pieces += 1
+            total += line.count(b"y")
+        elif line.startswith(b"O 0 "):
+            total += line.count(b"y")
+            if line == b"O 0 end\n":
+                break
+    peak = _vm_hwm_mib(proc.pid)
+    proc.stdin.close()
+    proc.wait(10)
+    assert total == 50 << 20 and pieces >= (50 << 20) // (64 << 10) - 1
+    assert longest <= (64 << 10) + 16
+    assert peak < 60, f"the agent peaked at {peak:.0f} MiB"
+    assert_no_orphans(marker)
+
+
+TREE = str(Path(__file__).parent / "scripts" / "spawn_tree.py")
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("how", ["end-of-input", "sigkill"])
+def test_agent_ends_what_its_ranks_started_at_any_depth(how: str) -> None:
+    """Each rank starts a loader-like child and a setsid daemon (scripts/spawn_tree.py).
+    Closing the agent's input (ringrun gone) or SIGKILLing the agent ends all of them:
+    the agent by the job's mark, or its watchdog. Before: the daemons survived both."""
+    marker = new_marker()
+    proc = _start(marker)
+    _lines(proc, b"R ")
+    spec = json.loads(_spec(marker, ""))
+    spec["command"] = [sys.executable, TREE]
+    for item in spec["ranks"]:
+        item["env"]["RINGTRAIN_RUN_ID"] = "test" + marker[:8]
+    assert proc.stdin is not None
+    proc.stdin.write(json.dumps(spec).encode() + b"\n")
+    proc.stdin.flush()
+    seen = 0
+    while seen < 2:
+        seen += _lines(proc, b"O ")[-1].endswith(b"ready")
+    if how == "sigkill":
+        proc.send_signal(signal.SIGKILL)
+    else:
+        proc.stdin.close()
+    proc.wait(10)
+    assert_no_orphans(marker, within=5)

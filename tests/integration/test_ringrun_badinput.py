@@ -9,6 +9,7 @@ as a real process and scan for survivors.
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
@@ -72,6 +73,15 @@ PARSE_CASES = [
     ("negative-restarts", lambda t: ["-np", "2", "--max-restarts", "-1", PY, PROBE], "must be >= 0"),
     ("ssh-option-shape", lambda t: ["-np", "2", "-H", "a:2", "--ssh-option", "foo", PY, PROBE],
      "is not KEY=VALUE"),
+    ("output-filename-is-a-file", lambda t: ["-np", "1", "--output-filename", "/etc/passwd", PY, PROBE],
+     "/etc/passwd is a file, not a directory"),
+    ("output-filename-under-a-file", lambda t: ["-np", "1", "--output-filename",
+                                                _hostfile(t, "") + "/logs", PY, PROBE],
+     "is a file, so the directory cannot be created"),
+    ("output-filename-not-writable", lambda t: ["-np", "1", "--output-filename", "/proc/1/logs",
+                                                PY, PROBE], "/proc/1 is not writable"),
+    ("np-over-this-hosts-slots", lambda t: ["-np", str(len(os.sched_getaffinity(0)) + 1), PY, PROBE],
+     "--oversubscribe to run more ranks than slots"),
     ("local-interface-missing", lambda t: ["-np", "2", "-H", "localhost:1,a:1", "--network-interface",
                                            "nope0", PY, PROBE], "no IPv4 address on this host"),
 ]

@@ -29,6 +29,7 @@ from hosts.harness import (
 )
 
 PROBE = str(HERE / "probe_worker.py")
+TREE = str(Path(__file__).parent / "scripts" / "spawn_tree.py")
 STEPS = ["--steps", "200", "--every", "20"]
 
 
@@ -43,8 +44,8 @@ def one_host_params(tmp_path_factory: pytest.TempPathFactory) -> dict[str, torch
     """The 4-rank job run on this host alone: what every multi-host run must reproduce."""
     d = tmp_path_factory.mktemp("one-host")
     marker = new_marker()
-    res = subprocess.run([RINGRUN, "-np", "4", "python", TRAIN, *STEPS, "--checkpoint-dir",
-                          str(d / "ckpt"), "--out", str(d / "params.pt")],
+    res = subprocess.run([RINGRUN, "-np", "4", "--oversubscribe", "python", TRAIN, *STEPS,
+                          "--checkpoint-dir", str(d / "ckpt"), "--out", str(d / "params.pt")],
                          capture_output=True, text=True, timeout=150, env=env_for(marker))
     assert res.returncode == 0, res.stderr[-2000:]
     assert_no_orphans(marker)
@@ -88,10 +89,14 @@ def test_hostfile_places_ranks_and_passes_env_and_cwd(hosts: TestHosts, tmp_path
     assert res.returncode == 0, res.stderr
     lines = sorted(line for line in res.stdout.splitlines() if "rank=" in line)
     cwd = os.getcwd()
+    # Horovod's cross size counts the hosts with that local rank (only h1 has local rank 1).
     assert lines == [
-        f"[0] rank=0 ns=rt-h1 local=0/2 cross=0/2 master={h1} gloo_if=eth0 cwd={cwd} x=forty two",
-        f"[1] rank=1 ns=rt-h1 local=1/2 cross=0/2 master={h1} gloo_if=eth0 cwd={cwd} x=forty two",
-        f"[2] rank=2 ns=rt-h2 local=0/1 cross=1/2 master={h1} gloo_if=eth0 cwd={cwd} x=forty two",
+        f"[0] rank=0 ns=rt-h1 local=0/2 cross=0/2 master={h1} gloo_if=eth0 cwd={cwd} x=forty two "
+        f"hvd=0/0/2@{h1}",
+        f"[1] rank=1 ns=rt-h1 local=1/2 cross=0/2 master={h1} gloo_if=eth0 cwd={cwd} x=forty two "
+        f"hvd=1/0/1@{h1}",
+        f"[2] rank=2 ns=rt-h2 local=0/1 cross=1/2 master={h1} gloo_if=eth0 cwd={cwd} x=forty two "
+        f"hvd=2/1/2@{h2}",
     ]
     assert_no_orphans(marker, remote=True)
 
@@ -147,10 +152,12 @@ def test_signal_stops_remote_workers_within_5s(hosts: TestHosts, sig: signal.Sig
 
 @pytest.mark.timeout(60)
 def test_sigkilled_ringrun_leaves_nothing_on_the_hosts(hosts: TestHosts) -> None:
+    """Each rank runs under a shell and starts a loader-like child and a setsid daemon
+    (scripts/spawn_tree.py): the agents end all of it, by the job's mark."""
     marker = new_marker()
     h1, h2 = hosts.addrs
     proc = subprocess.Popen([RINGRUN, *hosts.ssh_flags, "-x", "RINGTEST_MARKER", "-np", "2", "-H",
-                             f"{h1}:1,{h2}:1", "python", PROBE, "sleep"],
+                             f"{h1}:1,{h2}:1", "bash", "-c", f"python {TREE}; true"],
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
                             env=env_for(marker))
     assert proc.stdout is not None

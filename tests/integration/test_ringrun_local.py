@@ -15,6 +15,7 @@ import pytest
 from hosts.harness import assert_no_orphans, env_for, processes_with
 
 SCRIPT = str(Path(__file__).parent / "scripts" / "world_probe.py")
+TREE = str(Path(__file__).parent / "scripts" / "spawn_tree.py")
 BIN = Path(sys.executable).parent
 
 
@@ -41,8 +42,8 @@ def test_two_ranks_get_the_env_contract_and_prefixed_output() -> None:
 def test_a_failing_rank_stops_the_others_and_sets_the_exit_code(tmp_path: Path) -> None:
     marker = uuid.uuid4().hex
     start = time.monotonic()
-    res = _ringrun("-np", "3", "--output-filename", str(tmp_path), "python", SCRIPT, "fail-rank-1",
-                   marker=marker)
+    res = _ringrun("-np", "3", "--oversubscribe", "--output-filename", str(tmp_path), "python", SCRIPT,
+                   "fail-rank-1", marker=marker)
     assert res.returncode == 3
     assert "rank 1" in res.stderr and "exited with code 3" in res.stderr
     assert time.monotonic() - start < 30
@@ -72,31 +73,45 @@ def test_signal_to_ringrun_ends_every_worker_within_5s(sig: signal.Signals, code
     assert_no_orphans(marker, within=1.0)
 
 
-@pytest.mark.timeout(60)
-def test_killed_ringrun_leaves_no_workers() -> None:
-    marker = uuid.uuid4().hex
+def _start_tree(marker: str) -> subprocess.Popen[str]:
+    """ringrun -np 2 with each rank a grandchild (under bash) that starts a loader-like
+    child and a setsid daemon (scripts/spawn_tree.py); returns once both are ready."""
     proc = subprocess.Popen(
-        [str(BIN / "ringrun"), "-np", "2", "python", SCRIPT, "sleep"],
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env_for(marker),
+        [str(BIN / "ringrun"), "-np", "2", "bash", "-c", f"python {TREE}; true"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env_for(marker),
     )
     assert proc.stdout is not None
     ready = 0
-    while ready < 2:
+    deadline = time.monotonic() + 40
+    while ready < 2 and time.monotonic() < deadline:
         ready += proc.stdout.readline().rstrip().endswith("ready")
+    assert ready == 2
+    # Each rank: bash, python, its loader-like child, its daemon.
+    assert len(processes_with(marker)) >= 8
+    return proc
+
+
+@pytest.mark.timeout(60)
+def test_killed_ringrun_leaves_nothing_at_any_depth() -> None:
+    """kill -9 of ringrun: the shells die with it (PR_SET_PDEATHSIG), and its watchdog
+    ends the rest: the ranks under the shells, their children and their setsid daemons.
+    Before: only the shells died; six processes per job kept running."""
+    marker = uuid.uuid4().hex
+    proc = _start_tree(marker)
     proc.kill()
     proc.wait(10)
-    # The workers die with their launcher; their own children are reparented, so the
-    # check covers workers only (their process groups are ringrun's to kill, and it was
-    # SIGKILLed: that is the one case a launcher cannot clean up itself).
-    deadline = time.monotonic() + 5
-    def workers() -> list[int]:
-        return [p for p in processes_with(marker)
-                if "world_probe" in Path(f"/proc/{p}/cmdline").read_bytes().decode(errors="ignore")]
-    while workers() and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert workers() == []
-    for pid in processes_with(marker):  # tidy up the sleeping grandchildren
-        os.kill(pid, signal.SIGKILL)
+    assert_no_orphans(marker, within=5.0)
+
+
+@pytest.mark.timeout(60)
+def test_sigterm_ends_processes_that_left_the_ranks_process_groups() -> None:
+    marker = uuid.uuid4().hex
+    proc = _start_tree(marker)
+    sent = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=10) == 143
+    assert time.monotonic() - sent < 5.0
+    assert_no_orphans(marker, within=1.0)
 
 
 @pytest.mark.timeout(90)
@@ -121,3 +136,37 @@ def test_script_runs_alone_without_a_launcher() -> None:
     res = subprocess.run([sys.executable, SCRIPT, "ok"], capture_output=True, text=True, timeout=25)
     assert res.returncode == 0, res.stderr
     assert "rank=0 size=1 local=0/1 launcher=none sum=1" in res.stdout
+
+
+@pytest.mark.timeout(90)
+def test_sigterm_while_many_ranks_start_ends_everything_within_5s() -> None:
+    """-np 1000 --oversubscribe: SIGTERM once a few ranks run. Before: ringrun went on
+    starting all 1000 (42 s here) and only then stopped them."""
+    marker = uuid.uuid4().hex
+    proc = subprocess.Popen([str(BIN / "ringrun"), "-np", "1000", "--oversubscribe", "sleep", "600"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            env=env_for(marker))
+    try:
+        deadline = time.monotonic() + 60
+        while len(processes_with(marker)) < 20 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        sent = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 143
+        took = time.monotonic() - sent
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    assert took < 5.0, f"ringrun took {took:.1f}s to stop after SIGTERM"
+    assert_no_orphans(marker, within=2.0)
+
+
+@pytest.mark.timeout(30)
+def test_more_ranks_than_cores_needs_oversubscribe() -> None:
+    slots = len(os.sched_getaffinity(0))
+    res = _ringrun("-np", str(slots + 1), "python", "-c", "pass", marker=uuid.uuid4().hex)
+    assert res.returncode == 2
+    assert res.stderr.startswith("ringrun: error: ") and res.stderr.count("\n") == 1
+    assert f"more than the {slots} slots of this host ({slots} CPU core" in res.stderr
+    assert "--oversubscribe" in res.stderr

@@ -19,6 +19,8 @@ ringrun -> agent   ``{json}``         the spec: cwd, command, ranks with their e
 ringrun <- agent   ``L <port>``       rank 0's rendezvous port is reserved (bound) on this port
                    ``S <rank> <pid>`` a worker started
                    ``O <rank> <text>``  one line of a worker's output
+                   ``P <rank> <text>``  a piece of a longer line (at most 64 KiB; the
+                                      newline ending this protocol line is not in it)
                    ``X <rank> <code>``  a worker exited (negative: killed by that signal)
                    ``E <message>``    the agent could not do what the spec asked
 """
@@ -43,9 +45,11 @@ if not __package__:  # run as a plain script: make this tree's ringtrain importa
 from ringtrain import sockets  # noqa: E402 - standard library only, as this module
 
 if __package__:
-    from ringtrain.launch import network
+    from ringtrain.launch import network, output, reaper
 else:  # run as a script: this file's folder is on sys.path
     import network  # type: ignore[no-redef]
+    import output  # type: ignore[no-redef]
+    import reaper  # type: ignore[no-redef]
 
 __all__ = ["info", "main", "worker_extras"]
 
@@ -67,13 +71,18 @@ def info() -> dict[str, Any]:
         cpus = len(os.sched_getaffinity(0))
     except AttributeError:
         cpus = os.cpu_count() or 1
+    # The address ringrun's host reached us at, and its own as we see it: from ssh, or,
+    # started by srun, from the node srun ran on and the route to it.
+    server, client = (conn[2], conn[0]) if len(conn) == 4 else (None, None)
+    launch_node = os.environ.get("SLURM_LAUNCH_NODE_IPADDR")
+    if client is None and launch_node:
+        client, server = launch_node, network.source_address_for(launch_node)
     return {
         "host": socket.gethostname(),
         "cpus": cpus,
         "ifaces": network.interface_addresses(),
-        # The address ringrun's host reached us at, and its own as we see it.
-        "server_addr": conn[2] if len(conn) == 4 else None,
-        "client_addr": conn[0] if len(conn) == 4 else None,
+        "server_addr": server,
+        "client_addr": client,
     }
 
 
@@ -104,6 +113,8 @@ class _Agent:
         self.stopping = threading.Event()
         self.last_heard = time.monotonic()
         self.heartbeat_timeout = 0.0  # 0: no heartbeat expected
+        self.run_id: str | None = None
+        self.watchdog: reaper.Watchdog | None = None
 
     def send(self, line: bytes) -> None:
         with self.lock:
@@ -131,6 +142,10 @@ class _Agent:
             raise _Refused(f"working directory {cwd} does not exist on host {socket.gethostname()}; "
                            "the same path must exist on every host")
         cpus = info()["cpus"]
+        self.run_id = next((str(item["env"][reaper.MARK]) for item in spec["ranks"]
+                            if reaper.MARK in item["env"]), None)
+        if self.run_id:  # ends what the ranks started should this agent be SIGKILLed
+            self.watchdog = reaper.Watchdog(self.run_id)
         for item in spec["ranks"]:
             rank = int(item["rank"])
             env = dict(os.environ)
@@ -150,6 +165,8 @@ class _Agent:
                 raise _Refused(f"cannot run {spec['command'][0]!r} on host {socket.gethostname()}: "
                                f"{exc.strerror}; check PATH there (pass it with -x PATH)") from None
             self.procs[rank] = proc
+            if self.watchdog is not None:
+                self.watchdog.watch_group(proc.pid)
             self.send(f"S {rank} {proc.pid}".encode())
             pump = threading.Thread(target=self._pump, args=(rank, proc), daemon=True)
             pump.start()
@@ -157,9 +174,10 @@ class _Agent:
 
     def _pump(self, rank: int, proc: subprocess.Popen[bytes]) -> None:
         assert proc.stdout is not None
-        head = f"O {rank} ".encode()
-        for line in iter(proc.stdout.readline, b""):
-            self.send(head + line)
+        line_head, piece_head = f"O {rank} ".encode(), f"P {rank} ".encode()
+        # Bounded pieces: a 200 MB line costs one piece of memory here and in ringrun.
+        for piece, partial in output.pieces(proc.stdout):
+            self.send(piece_head + piece + b"\n" if partial else line_head + piece)
 
     def watch(self) -> int:
         """Report exits until every worker is done or a stop is requested; the exit code."""
@@ -186,6 +204,8 @@ class _Agent:
     def stop(self) -> None:
         for proc in self.procs.values():
             _killpg(proc.pid, signal.SIGTERM)
+        if self.run_id:  # and what left the groups (setsid, a shell's grandchildren)
+            reaper.signal_job(self.run_id, signal.SIGTERM, skip_groups=[p.pid for p in self.procs.values()])
         deadline = time.monotonic() + GRACE_S
         while time.monotonic() < deadline and any(p.poll() is None for p in self.procs.values()):
             time.sleep(0.02)
@@ -195,6 +215,12 @@ class _Agent:
                 proc.wait(2.0)
             except subprocess.TimeoutExpired:
                 pass
+        # What left the groups still carries the run id: whatever the TERM left, KILL.
+        reaper.end_job(self.run_id)
+
+    def close_watchdog(self) -> None:
+        if self.watchdog is not None:
+            self.watchdog.close()
 
 
 class _Refused(Exception):
@@ -253,12 +279,17 @@ def main() -> int:
     except _Refused as exc:
         agent.send(f"E {exc}".encode())
         agent.stop()
+        agent.close_watchdog()
         return 2
     finally:
         if listener is not None:
             listener.close()  # rank 0 holds its own copy
     threading.Thread(target=_watch_stdin, args=(agent, stdin), daemon=True).start()
-    return agent.watch()
+    try:
+        return agent.watch()
+    finally:
+        agent.stop()  # what finished ranks left running: their groups, what left them
+        agent.close_watchdog()
 
 
 if __name__ == "__main__":

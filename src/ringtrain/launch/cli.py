@@ -16,12 +16,15 @@ import argparse
 import os
 import shutil
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ringtrain.errors import ConfigError, RingtrainError
-from ringtrain.launch import network
+from ringtrain.launch import network, slurm
 from ringtrain.launch.hosts import Host, is_local_host, parse_hostfile, parse_hosts, place_ranks
 from ringtrain.launch.job import JobConfig, run_job
+from ringtrain.launch.output import check_output_dir
+from ringtrain.launch.slots import local_slots
 from ringtrain.launch.ssh import SshOptions, parse_ssh_option
 from ringtrain.settings import flag_specs, settings_env
 
@@ -40,11 +43,16 @@ def build_parser() -> argparse.ArgumentParser:
         description="Start N copies of a training script with the ringtrain environment.",
         epilog="Example: ringrun -np 2 python examples/mnist_cnn.py",
     )
-    p.add_argument("-np", "--num-proc", dest="np", type=int, required=True,
-                   help="number of processes (ranks) to start")
+    p.add_argument("-np", "--num-proc", dest="np", type=int,
+                   help="number of processes (ranks) to start (in a Slurm allocation: "
+                        "default SLURM_NTASKS)")
     hosts = p.add_mutually_exclusive_group()
-    hosts.add_argument("-H", "--hosts", help="hosts and slots, e.g. server1:4,server2:4 (default localhost)")
+    hosts.add_argument("-H", "--hosts", help="hosts and slots, e.g. server1:4,server2:4 (default "
+                                             "localhost, or the nodes of the Slurm allocation)")
     hosts.add_argument("--hostfile", help="file with lines 'host slots=N'")
+    p.add_argument("--oversubscribe", action="store_true",
+                   help="allow more ranks than slots (this host's GPUs, else its CPU cores, "
+                        "or the slots given with -H / --hostfile)")
     p.add_argument("--max-restarts", type=int, default=0,
                    help="restart the whole job up to K times when a worker dies (default 0)")
     p.add_argument("--output-filename", metavar="DIR",
@@ -136,6 +144,45 @@ def _exports(items: list[str]) -> dict[str, str]:
     return env
 
 
+@dataclass(frozen=True)
+class _Where:
+    """The hosts a job runs on, how they are reached, and the number of ranks."""
+
+    hosts: list[Host]
+    np: int
+    note: str = ""  #: where the slots came from, for the "more than the slots" message
+    transport: str = "ssh"
+    slurm_cpus: dict[str, int] = field(default_factory=dict)
+
+
+def _where(args: argparse.Namespace, warnings: list[str]) -> _Where:
+    """-H, --hostfile, the Slurm allocation ringrun runs in, or this host, in that order."""
+    np = args.np
+    if args.hosts or args.hostfile:
+        hosts = parse_hosts(args.hosts) if args.hosts else parse_hostfile(args.hostfile)
+        return _Where(hosts, _required_np(np))
+    alloc = slurm.allocation(os.environ)
+    if alloc is not None:  # inside sbatch/salloc: the allocation's nodes, each by a job step
+        hosts = list(alloc.hosts)
+        if args.ssh_port is not None or args.ssh_identity_file or args.ssh_option:
+            warnings.append("ssh options have no effect inside a Slurm allocation (the nodes are "
+                            "reached with srun); pass -H to use ssh instead")
+        note = (f"Slurm job {alloc.job_id} ({','.join(f'{h.name}:{h.slots}' for h in hosts)}: "
+                "its tasks per node; request more with --ntasks-per-node, or run here with -H "
+                "localhost:N)")
+        np = np if np is not None else (alloc.ntasks or sum(h.slots for h in hosts))
+        return _Where(hosts, np, note, "srun", alloc.cpus)
+    here = local_slots()
+    return _Where([Host("localhost", here.count)], _required_np(np), f"this host ({here.what})")
+
+
+def _required_np(np: int | None) -> int:
+    if np is None:
+        raise ConfigError("-np N is required (the number of ranks to start); "
+                          "e.g. 'ringrun -np 2 python train.py'")
+    return int(np)
+
+
 def build_config(argv: list[str]) -> JobConfig:
     args = build_parser().parse_args(argv)
     command = list(args.command)
@@ -146,20 +193,23 @@ def build_config(argv: list[str]) -> JobConfig:
         raise ConfigError(f"--max-restarts must be >= 0, got {args.max_restarts}")
     if args.start_timeout <= 0:
         raise ConfigError(f"--start-timeout must be > 0 seconds, got {args.start_timeout:g}")
+    if args.output_filename:
+        check_output_dir(args.output_filename)
     if args.master_port is not None and not 0 < args.master_port < 65536:
         raise ConfigError(f"--master-port {args.master_port} is not a TCP port; use 1..65535")
-    if args.hosts:
-        hosts = parse_hosts(args.hosts)
-    elif args.hostfile:
-        hosts = parse_hostfile(args.hostfile)
-    else:
-        hosts = [Host("localhost", max(1, args.np))]
-    placements = place_ranks(hosts, args.np)
-    multi_host = any(not is_local_host(p.host) for p in placements)
-    any_local = any(is_local_host(p.host) for p in placements)
     warnings: list[str] = []
+    where = _where(args, warnings)
+    hosts, transport = where.hosts, where.transport
+    placements = place_ranks(hosts, where.np, oversubscribe=args.oversubscribe,
+                             slots_note=where.note)
+
+    def local(host: str) -> bool:
+        return transport == "ssh" and is_local_host(host)
+
+    multi_host = any(not local(p.host) for p in placements)
+    any_local = any(local(p.host) for p in placements)
     interface = _check_interface(args.network_interface, any_local, multi_host, warnings)
-    if sum(is_local_host(h.name) for h in hosts) > 1:
+    if sum(local(h.name) for h in hosts) > 1:
         raise ConfigError("this host is listed more than once (e.g. localhost and 127.0.0.1); "
                           "list it once with its total slots")
     return JobConfig(
@@ -176,6 +226,8 @@ def build_config(argv: list[str]) -> JobConfig:
         network_interface=interface,
         start_timeout=args.start_timeout,
         warnings=tuple(warnings),
+        transport=transport,
+        slurm_cpus=where.slurm_cpus,
     )
 
 

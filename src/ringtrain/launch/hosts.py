@@ -106,22 +106,33 @@ def parse_hostfile(path: str | Path) -> list[Host]:
     return _check_unique(hosts, f"hostfile {p}")
 
 
-def place_ranks(hosts: list[Host], np: int) -> list[Placement]:
-    """Fill hosts in order (host 1's slots first), as horovodrun and mpirun do by default."""
+def place_ranks(hosts: list[Host], np: int, oversubscribe: bool = False,
+                slots_note: str = "") -> list[Placement]:
+    """Fill hosts in order (host 1's slots first), as horovodrun and mpirun do by default.
+
+    More ranks than slots is refused unless ``oversubscribe``; then each host takes a
+    share of the ranks in proportion to its slots (rounded up, hosts in order), so
+    ``-np 5 -H a:2,b:2`` puts 3 ranks on a and 2 on b. ``slots_note`` says where the
+    slots came from, for the message (e.g. "this host's 2 CPU cores").
+    """
     total = sum(h.slots for h in hosts)
     if np < 1:
         raise ConfigError(f"-np must be >= 1, got {np}")
+    capacity = [h.slots for h in hosts]
     if np > total:
-        listed = ",".join(f"{h.name}:{h.slots}" for h in hosts)
-        raise ConfigError(
-            f"-np {np} is more than the {total} slots of {listed}; lower -np or add slots"
-        )
+        if not oversubscribe:
+            listed = slots_note or ",".join(f"{h.name}:{h.slots}" for h in hosts)
+            raise ConfigError(
+                f"-np {np} is more than the {total} slots of {listed}; lower -np, add slots, "
+                "or pass --oversubscribe to run more ranks than slots"
+            )
+        capacity = [-(-np * h.slots // total) for h in hosts]
     counts: list[tuple[str, int]] = []
     left = np
-    for h in hosts:
+    for h, cap in zip(hosts, capacity):
         if left == 0:
             break
-        take = min(h.slots, left)
+        take = min(cap, left)
         counts.append((h.name, take))
         left -= take
     placements = []

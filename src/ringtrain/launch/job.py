@@ -27,12 +27,15 @@ from typing import Any
 
 from ringtrain import sockets
 from ringtrain.errors import ConfigError, LaunchError
-from ringtrain.launch import network
+from ringtrain.launch import network, reaper
 from ringtrain.launch.agent import worker_extras
+from ringtrain.launch.horovod_env import horovod_env
 from ringtrain.launch.hosts import Placement, is_local_host
-from ringtrain.launch.proc import Member, OutputSink, Worker, stop_all
+from ringtrain.launch.output import OutputFailure, OutputSink
+from ringtrain.launch.proc import Member, Worker, stop_all
 from ringtrain.launch.remote import HOST_LOST, RemoteHost
-from ringtrain.launch.ssh import SshOptions, agent_command, forwarded_env, ssh_argv
+from ringtrain.launch.slurm import srun_argv
+from ringtrain.launch.ssh import AGENT_SCRIPT, SshOptions, agent_command, forwarded_env, ssh_argv
 
 __all__ = ["JobConfig", "choose_master_addr", "describe_exit", "run_job", "worker_env"]
 
@@ -70,6 +73,15 @@ class JobConfig:
     heartbeat_timeout: float = HEARTBEAT_TIMEOUT_S
     #: What the user should know but that does not stop the job (``main`` prints it).
     warnings: tuple[str, ...] = ()
+    #: How remote host agents are started: "ssh", or "srun" inside a Slurm allocation
+    #: (then every node, this one too, is reached through a job step; see slurm.py).
+    transport: str = "ssh"
+    #: CPUs of the Slurm job on each node (srun transport), for the agent's job step.
+    slurm_cpus: dict[str, int] = field(default_factory=dict)
+
+    def is_local(self, host: str) -> bool:
+        """Whether ``host``'s ranks are started here directly (no agent)."""
+        return self.transport == "ssh" and is_local_host(host)
 
     @property
     def hosts(self) -> list[str]:
@@ -80,7 +92,7 @@ class JobConfig:
 
     @property
     def multi_host(self) -> bool:
-        return any(not is_local_host(h) for h in self.hosts)
+        return any(not self.is_local(h) for h in self.hosts)
 
 
 def describe_exit(code: int) -> str:
@@ -145,6 +157,11 @@ class _HostsDown(Exception):
     """Some remote hosts did not come up (fatal at the first attempt, retried later)."""
 
 
+class _OutputFailed(Exception):
+    def __init__(self, failure: OutputFailure) -> None:
+        self.failure = failure
+
+
 def _reserve(addr: str, port: int) -> socket.socket:
     """Reserve rank 0's rendezvous port here (see :mod:`ringtrain.sockets`)."""
     try:
@@ -169,7 +186,7 @@ def choose_master_addr(cfg: JobConfig, infos: dict[str, dict[str, Any]]) -> str:
         return cfg.master_addr
     host0 = cfg.placements[0].host
     iface = cfg.network_interface
-    if is_local_host(host0):
+    if cfg.is_local(host0):
         if not infos:
             return "127.0.0.1"
         if iface:
@@ -229,10 +246,9 @@ def _await_agents(cfg: JobConfig, remote: dict[str, RemoteHost], attempt: int,
             parts.append(f"host(s) {', '.join(late)} did not come up within {cfg.start_timeout:g}s ("
                          + "; ".join(remote[h].problem() for h in late) + ")")
         port = f"-p {cfg.ssh.port} " if cfg.ssh.port else ""
-        raise _HostsDown(
-            f"{'; '.join(parts)}; check that 'ssh {port}HOST true' works without a password"
-            + (", or raise --start-timeout" if late else "")
-        )
+        check = ("check that 'srun --nodes=1 --nodelist=NODE true' works in this allocation"
+                 if cfg.transport == "srun" else f"check that 'ssh {port}HOST true' works without a password")
+        raise _HostsDown(f"{'; '.join(parts)}; {check}" + (", or raise --start-timeout" if late else ""))
 
 
 def _connect_hosts(cfg: JobConfig, attempt: int, sink: OutputSink,
@@ -240,13 +256,16 @@ def _connect_hosts(cfg: JobConfig, attempt: int, sink: OutputSink,
     remote: dict[str, RemoteHost] = {}
     by_host: dict[str, list[int]] = {}
     for p in cfg.placements:
-        if not is_local_host(p.host):
+        if not cfg.is_local(p.host):
             by_host.setdefault(p.host, []).append(p.rank)
     command = agent_command(cfg.python)
     try:
         for host, ranks in by_host.items():
-            remote[host] = RemoteHost(host, ssh_argv(host, cfg.ssh, command), tuple(ranks), sink,
-                                      attempt, dict(os.environ))
+            if cfg.transport == "srun":
+                argv = srun_argv(host, cfg.python, str(AGENT_SCRIPT), cfg.slurm_cpus.get(host))
+            else:
+                argv = ssh_argv(host, cfg.ssh, command)
+            remote[host] = RemoteHost(host, argv, tuple(ranks), sink, attempt, dict(os.environ))
         _await_agents(cfg, remote, attempt, stop_flag)
     except BaseException:
         stop_all(list(remote.values()), grace=0.5)
@@ -255,10 +274,11 @@ def _connect_hosts(cfg: JobConfig, attempt: int, sink: OutputSink,
 
 
 def _start_attempt(cfg: JobConfig, attempt: int, run_id: str, sink: OutputSink,
-                   stop_flag: list[int]) -> list[Member]:
+                   stop_flag: list[int], watchdog: reaper.Watchdog | None) -> list[Member]:
     size = len(cfg.placements)
     remote = _connect_hosts(cfg, attempt, sink, stop_flag)
     members: list[Member] = list(remote.values())
+    hvd = horovod_env(cfg.placements)
     listener: socket.socket | None = None
     try:
         addr = choose_master_addr(cfg, {h: r.info or {} for h, r in remote.items()})
@@ -268,13 +288,13 @@ def _start_attempt(cfg: JobConfig, attempt: int, run_id: str, sink: OutputSink,
             net_env = {"GLOO_SOCKET_IFNAME": cfg.network_interface,
                        "NCCL_SOCKET_IFNAME": cfg.network_interface}
         cwd = cfg.cwd or os.getcwd()
-        if is_local_host(host0):
+        if cfg.is_local(host0):
             listener = _reserve(addr, cfg.master_port or 0)
             port = int(listener.getsockname()[1])
         else:
             # The agent of rank 0's host binds the socket and tells us the port.
             h0 = remote[host0]
-            h0.send_spec(_spec(cfg, h0, addr, 0, attempt, run_id, cwd, net_env,
+            h0.send_spec(_spec(cfg, h0, addr, 0, attempt, run_id, cwd, net_env, hvd,
                                listen={"addr": addr, "port": cfg.master_port or 0}))
             got = h0.wait_port(time.monotonic() + cfg.start_timeout)
             if got is None:
@@ -282,14 +302,17 @@ def _start_attempt(cfg: JobConfig, attempt: int, run_id: str, sink: OutputSink,
             port = got
         for host, h in remote.items():
             if host != host0:
-                h.send_spec(_spec(cfg, h, addr, port, attempt, run_id, cwd, net_env, listen=None))
+                h.send_spec(_spec(cfg, h, addr, port, attempt, run_id, cwd, net_env, hvd, listen=None))
         base = dict(os.environ)
         base.update(cfg.settings_env)
         base.update(net_env)
         for p in cfg.placements:
-            if not is_local_host(p.host):
+            if not cfg.is_local(p.host):
                 continue
+            if stop_flag:  # a signal while many ranks start: stop now, not after the last
+                raise _Stop(stop_flag[0])
             env = worker_env(p, size, addr, port, attempt, run_id, {})
+            env.update(hvd[p.rank])
             env.update(cfg.extra_env)
             full = dict(base)
             full.update(env)
@@ -298,7 +321,10 @@ def _start_attempt(cfg: JobConfig, attempt: int, run_id: str, sink: OutputSink,
             if listener is not None and p.rank == 0:
                 full["RINGTRAIN_STORE_FD"] = str(listener.fileno())
                 fds = (listener.fileno(),)
-            members.append(Worker(p.rank, cfg.command, full, sink, attempt, fds, cfg.cwd, p.host))
+            worker = Worker(p.rank, cfg.command, full, sink, attempt, fds, cfg.cwd, p.host)
+            members.append(worker)
+            if watchdog is not None:
+                watchdog.watch_group(worker.pid)
     except BaseException:
         stop_all(members, grace=STOP_GRACE_S)
         raise
@@ -309,7 +335,8 @@ def _start_attempt(cfg: JobConfig, attempt: int, run_id: str, sink: OutputSink,
 
 
 def _spec(cfg: JobConfig, h: RemoteHost, addr: str, port: int, attempt: int, run_id: str,
-          cwd: str, net_env: dict[str, str], listen: dict[str, Any] | None) -> dict[str, Any]:
+          cwd: str, net_env: dict[str, str], hvd: dict[int, dict[str, str]],
+          listen: dict[str, Any] | None) -> dict[str, Any]:
     size = len(cfg.placements)
     base = forwarded_env(os.environ, cfg.extra_env)
     base.update(cfg.settings_env)
@@ -318,18 +345,22 @@ def _spec(cfg: JobConfig, h: RemoteHost, addr: str, port: int, attempt: int, run
     for r in h.ranks:
         p = cfg.placements[r]
         env = worker_env(p, size, addr, port, attempt, run_id, base, set_threads=False)
+        env.update(hvd[r])
         ranks.append({"rank": r, "local_size": p.local_size, "env": env})
     return {"cwd": cwd, "command": list(cfg.command), "ranks": ranks, "listen": listen,
             "heartbeat_timeout": cfg.heartbeat_timeout}
 
 
-def _watch(members: list[Member], stop_flag: list[int]) -> tuple[Member | None, int, int]:
+def _watch(members: list[Member], stop_flag: list[int],
+           sink: OutputSink) -> tuple[Member | None, int, int]:
     """Wait until all exit 0 (-> (None, -1, 0)) or one fails (-> (member, rank, code))."""
     total = sum(len(m.ranks) for m in members)
     next_beat = 0.0
     while True:
         if stop_flag:
             raise _Stop(stop_flag[0])
+        if sink.failure is not None:
+            raise _OutputFailed(sink.failure)
         if time.monotonic() >= next_beat:
             next_beat = time.monotonic() + HEARTBEAT_EVERY_S
             for m in members:
@@ -366,17 +397,27 @@ def run_job(cfg: JobConfig) -> int:
         stop_flag.append(signum)
 
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    # Outlives a SIGKILLed ringrun to end what its local ranks started (see reaper.py).
+    # Without local ranks there is nothing of the job here to end: each agent ends its own.
+    local = any(cfg.is_local(h) for h in cfg.hosts)
+    watchdog = reaper.Watchdog(run_id) if local else None
+    mark = run_id if local else None
     members: list[Member] = []
     try:
         for attempt in range(cfg.max_restarts + 1):
             try:
-                members = _start_attempt(cfg, attempt, run_id, sink, stop_flag)
-                failed, rank, code = _watch(members, stop_flag)
+                members = []
+                members = _start_attempt(cfg, attempt, run_id, sink, stop_flag, watchdog)
+                failed, rank, code = _watch(members, stop_flag, sink)
             except _Stop as stop:
                 name = signal.Signals(stop.signum).name
                 _say(f"received {name}; stopping {len(cfg.placements)} rank(s)")
-                stop_all(members, grace=STOP_GRACE_S)
+                _stop_everything(members, mark)
                 return 128 + stop.signum
+            except _OutputFailed as out:
+                _stop_everything(members, mark)
+                _say(f"error: {out.failure.message}; stopped the job's {len(cfg.placements)} rank(s)")
+                return out.failure.exit_code
             except _HostsDown as down:
                 if attempt == 0:
                     raise LaunchError(str(down)) from None
@@ -386,10 +427,13 @@ def run_job(cfg: JobConfig) -> int:
                 if failed is None:
                     for m in members:
                         m.finish_output()
+                    if sink.failure is not None:  # the last lines could not be written
+                        _say(f"error: {sink.failure.message}")
+                        return sink.failure.exit_code
                     return 0
                 others = sum(len(m.ranks) - len(m.exits()) for m in members if m is not failed)
                 _say(_failure_text(failed, rank, code, others))
-                stop_all(members, grace=STOP_GRACE_S)
+                _stop_everything(members, mark)
             if attempt < cfg.max_restarts:
                 _say(f"restarting the job (restart {attempt + 1} of {cfg.max_restarts})")
                 continue
@@ -398,10 +442,21 @@ def run_job(cfg: JobConfig) -> int:
             return _exit_status(code)
         return 1  # unreachable: the loop always returns
     finally:
-        stop_all(members, grace=STOP_GRACE_S)
+        _stop_everything(members, mark)
+        if watchdog is not None:
+            watchdog.close()
         for s, handler in previous.items():
             signal.signal(s, handler)
 
 
+def _stop_everything(members: list[Member], mark: str | None) -> None:
+    """Stop every member and what escaped their process groups on this host (``setsid``
+    children, a shell's grandchildren): everything marked with the run id ``mark``."""
+    stop_all(members, grace=STOP_GRACE_S, run_id=mark)
+
+
 def _say(message: str) -> None:
-    print(f"ringrun: {message}", file=sys.stderr, flush=True)
+    try:
+        print(f"ringrun: {message}", file=sys.stderr, flush=True)
+    except (OSError, ValueError):
+        pass  # stderr is gone too (``ringrun ... 2>&1 | head``): nothing left to tell

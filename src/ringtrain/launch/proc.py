@@ -2,7 +2,9 @@
 
 Every worker runs in its own session (process group), so stopping it also stops the
 processes it started (data-loader workers, shells). A worker whose launcher dies is
-killed by the kernel (PR_SET_PDEATHSIG), so a SIGKILLed ringrun leaves no orphans.
+killed by the kernel (PR_SET_PDEATHSIG); what it started itself is ended by the
+launcher's watchdog (:mod:`ringtrain.launch.reaper`), so a SIGKILLed ringrun leaves no
+orphans at any depth.
 
 A :class:`Worker` (one local rank) and a :class:`~ringtrain.launch.remote.RemoteHost`
 (every rank of one remote host) are both *members* of an attempt: they answer
@@ -17,13 +19,15 @@ import ctypes
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Sequence
-from typing import IO, Protocol
+from typing import Protocol
 
-__all__ = ["Member", "OutputSink", "Worker", "die_with_parent", "stop_all"]
+from ringtrain.launch import reaper
+from ringtrain.launch.output import OutputSink, pieces
+
+__all__ = ["Member", "Worker", "die_with_parent", "stop_all"]
 
 _PR_SET_PDEATHSIG = 1
 
@@ -35,35 +39,6 @@ def die_with_parent() -> None:
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     except Exception:  # noqa: BLE001 - best effort on non-Linux systems
         pass
-
-
-class OutputSink:
-    """Where worker lines go: the terminal with a ``[rank]`` prefix, or one file per rank."""
-
-    def __init__(self, directory: str | None, prefix: bool = True) -> None:
-        self.directory = directory
-        self.prefix = prefix
-        self._lock = threading.Lock()
-        if directory:
-            os.makedirs(directory, exist_ok=True)
-
-    def open_for(self, rank: int, attempt: int) -> IO[bytes] | None:
-        if not self.directory:
-            return None
-        name = f"rank.{rank}.log" if attempt == 0 else f"rank.{rank}.attempt{attempt}.log"
-        return open(os.path.join(self.directory, name), "ab")
-
-    def write(self, rank: int, line: bytes, file: IO[bytes] | None) -> None:
-        if not line.endswith(b"\n"):
-            line += b"\n"
-        if file is not None:
-            file.write(line)
-            file.flush()
-            return
-        text = (f"[{rank}] ".encode() if self.prefix else b"") + line
-        with self._lock:
-            sys.stdout.buffer.write(text)
-            sys.stdout.buffer.flush()
 
 
 class Member(Protocol):
@@ -115,9 +90,11 @@ class Worker:
 
     def _copy_output(self) -> None:
         assert self.proc.stdout is not None
-        for line in iter(self.proc.stdout.readline, b""):
-            self.tail.append(line)
-            self._sink.write(self.rank, line, self._file)
+        # Bounded pieces, and a sink that never raises: this thread must keep draining
+        # the pipe whatever happens to the output, or the worker blocks writing.
+        for piece, partial in pieces(self.proc.stdout):
+            self.tail.append(piece)
+            self._sink.write(self.rank, piece, self._file, partial)
         self.proc.stdout.close()
 
     def poll(self) -> int | None:
@@ -158,23 +135,30 @@ class Worker:
 
     def finish_output(self, timeout: float = 2.0) -> None:
         self._pump.join(timeout)
-        if self._file is not None:
-            self._file.close()
-            self._file = None
+        self._sink.close(self._file)
+        self._file = None
 
 
-def stop_all(members: Sequence[Member], grace: float = 3.0) -> None:
+def stop_all(members: Sequence[Member], grace: float = 3.0, run_id: str | None = None) -> None:
     """Ask every member to stop, SIGKILL what is left after ``grace`` seconds.
 
     Remote hosts get end-of-input; their agent stops its workers within its own grace
-    (1.5 s) and exits, so ``grace`` must exceed it for a clean remote stop.
+    (1.5 s) and exits, so ``grace`` must exceed it for a clean remote stop. With
+    ``run_id``, what the local ranks started outside their process groups (a setsid
+    daemon, a shell's grandchildren) is stopped too, before the output is drained:
+    such a process may hold a worker's pipe open.
     """
     for m in members:
         m.request_stop()
+    if run_id:
+        groups = [m.pid for m in members if isinstance(m, Worker)]
+        reaper.signal_job(run_id, signal.SIGTERM, skip_groups=groups)
     deadline = time.monotonic() + grace
     while time.monotonic() < deadline and any(m.alive() for m in members):
         time.sleep(0.02)
     for m in members:
         m.force_kill()
+    if run_id:
+        reaper.end_job(run_id)
     for m in members:
         m.finish_output()

@@ -17,7 +17,8 @@ import threading
 import time
 from typing import IO, Any
 
-from ringtrain.launch.proc import OutputSink, die_with_parent
+from ringtrain.launch.output import PIECE_BYTES, OutputSink
+from ringtrain.launch.proc import die_with_parent
 
 __all__ = ["HOST_LOST", "RemoteHost"]
 
@@ -65,19 +66,23 @@ class RemoteHost:
             t.start()
 
     def _read_ssh(self, stream: IO[bytes]) -> None:
-        for line in iter(stream.readline, b""):
+        for line in iter(lambda: stream.readline(PIECE_BYTES), b""):
             text = line.decode(errors="replace").strip()
             if text:
                 self.ssh_tail.append(text)
         stream.close()
 
     def _read_agent(self, stream: IO[bytes]) -> None:
-        for line in iter(stream.readline, b""):
+        # The agent sends output in pieces of at most PIECE_BYTES (plus a short header);
+        # the bound also holds for anything else on the connection (a login banner).
+        for line in iter(lambda: stream.readline(PIECE_BYTES + 64), b""):
             kind, _, rest = line.partition(b" ")
-            if kind == b"O":
+            if kind in (b"O", b"P"):
                 rank_text, _, text = rest.partition(b" ")
                 rank = int(rank_text)
-                self._sink.write(rank, text, self._files.get(rank))
+                if kind == b"P":  # a piece of a longer line: drop the protocol's newline
+                    text = text[:-1] if text.endswith(b"\n") else text
+                self._sink.write(rank, text, self._files.get(rank), partial=kind == b"P")
             elif kind == b"X":
                 rank_text, _, code = rest.partition(b" ")
                 with self._lock:
@@ -192,6 +197,5 @@ class RemoteHost:
         for t in self._threads:
             t.join(timeout)
         for r, f in list(self._files.items()):
-            if f is not None:
-                f.close()
+            self._sink.close(f)
             self._files[r] = None

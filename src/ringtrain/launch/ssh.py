@@ -24,6 +24,7 @@ from pathlib import Path
 from ringtrain.errors import ConfigError
 
 __all__ = [
+    "AGENT_SCRIPT",
     "FORWARDED_NAMES",
     "FORWARDED_PREFIXES",
     "SshOptions",
@@ -38,7 +39,8 @@ __all__ = [
 FORWARDED_NAMES = ("PATH", "PYTHONPATH", "VIRTUAL_ENV", "LD_LIBRARY_PATH")
 FORWARDED_PREFIXES = ("RINGTRAIN_", "NCCL_", "GLOO_")
 
-_AGENT = Path(__file__).resolve().with_name("agent.py")
+#: The host agent, run by absolute path on every host (ssh) or node (srun).
+AGENT_SCRIPT = Path(__file__).resolve().with_name("agent.py")
 
 
 @dataclass(frozen=True)
@@ -88,7 +90,7 @@ def ssh_argv(host: str, opts: SshOptions, remote_command: str) -> list[str]:
     return argv
 
 
-def agent_command(python: str, agent: str | Path = _AGENT) -> str:
+def agent_command(python: str, agent: str | Path = AGENT_SCRIPT) -> str:
     """The shell command the remote login shell runs: the agent, by absolute path.
 
     ringtrain must live at the same path on every host (a shared file system or the

@@ -1,0 +1,178 @@
+"""Where the workers' output goes: ringrun's stdout with a ``[rank]`` prefix, or one file
+per rank (``--output-filename DIR``), in bounded pieces, and what happens when it cannot go.
+
+Output is read in pieces of at most :data:`PIECE_BYTES`: a line is passed on as soon as
+it ends or the piece is full, so a worker that prints 200 MB without a newline costs
+ringrun one piece of memory, not the line (and its copies). On the terminal with the
+prefix each piece of a long line becomes its own prefixed line, so ranks never mix
+inside a line; files and ``--no-prefix`` get the bytes exactly as written.
+
+A write that fails (nobody reads stdout any more, ``ringrun ... | head -2``; a full disk
+under ``--output-filename``) must neither kill the thread that drains a worker's pipe
+(the worker would block on its full pipe and the job would hang) nor go unnoticed: the
+sink remembers the first failure in :attr:`OutputSink.failure`, drops what it cannot
+write from then on, and the job stops with that one line.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import sys
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import IO
+
+from ringtrain.errors import ConfigError
+
+__all__ = ["PIECE_BYTES", "OutputFailure", "OutputSink", "check_output_dir", "pieces"]
+
+#: Largest piece of output read, sent or written at once. 64 KiB: what a Linux pipe
+#: holds, so a worker writing a long line is never more than one pipe ahead of us.
+PIECE_BYTES = 64 * 1024
+
+#: Exit status for a closed stdout: what a shell reports for a program killed by SIGPIPE
+#: (``yes | head -2`` under ``set -o pipefail`` gives 141).
+EXIT_BROKEN_PIPE = 128 + 13
+
+
+@dataclass(frozen=True)
+class OutputFailure:
+    """Why output could not be written, and the exit status the job ends with."""
+
+    message: str
+    exit_code: int
+
+
+def pieces(stream: IO[bytes]) -> Iterator[tuple[bytes, bool]]:
+    """Read a pipe as ``(piece, partial)``; ``partial`` when the piece is the start or
+    middle of a line longer than :data:`PIECE_BYTES` (more of that line follows)."""
+    while True:
+        piece = stream.readline(PIECE_BYTES)
+        if not piece:
+            return
+        # A full piece without a newline: the line goes on (at worst it ended exactly at
+        # the boundary and the next read is end of input, which costs nothing).
+        yield piece, len(piece) == PIECE_BYTES and not piece.endswith(b"\n")
+
+
+def check_output_dir(path: str) -> None:
+    """Refuse an ``--output-filename`` that cannot become a writable directory (pure
+    apart from looking at the file system; nothing is created)."""
+    probe = os.path.abspath(path)
+    if os.path.exists(probe) and not os.path.isdir(probe):
+        raise ConfigError(f"--output-filename {path} is a file, not a directory; give a directory "
+                          "(created if missing) for the rank.N.log files")
+    while not os.path.exists(probe):
+        probe = os.path.dirname(probe)
+    if not os.path.isdir(probe):
+        raise ConfigError(f"--output-filename {path}: {probe} is a file, so the directory cannot "
+                          "be created; choose another directory")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise ConfigError(f"--output-filename {path}: {probe} is not writable; choose a directory "
+                          "you can write to")
+
+
+class OutputSink:
+    """The workers' output: the terminal with a ``[rank]`` prefix, or one file per rank."""
+
+    def __init__(self, directory: str | None, prefix: bool = True,
+                 stream: IO[bytes] | None = None) -> None:
+        self.directory = directory
+        self.prefix = prefix
+        self._stream = stream
+        self._lock = threading.Lock()  # one writer at a time on the terminal
+        self._failure_lock = threading.Lock()
+        self._stdout_dead = False
+        self._dead_files: set[int] = set()
+        self.failure: OutputFailure | None = None
+        if directory:
+            try:
+                os.makedirs(directory, exist_ok=True)
+            except OSError as exc:
+                raise ConfigError(f"--output-filename {directory}: cannot create the directory "
+                                  f"({exc.strerror}); choose another directory") from None
+
+    @property
+    def stdout(self) -> IO[bytes]:
+        return self._stream if self._stream is not None else sys.stdout.buffer
+
+    def open_for(self, rank: int, attempt: int) -> IO[bytes] | None:
+        if not self.directory:
+            return None
+        name = f"rank.{rank}.log" if attempt == 0 else f"rank.{rank}.attempt{attempt}.log"
+        path = os.path.join(self.directory, name)
+        try:
+            return open(path, "ab")
+        except OSError as exc:
+            raise ConfigError(f"cannot open {path} for rank {rank}'s output ({exc.strerror}); "
+                              "check --output-filename") from None
+
+    @staticmethod
+    def close(file: IO[bytes] | None) -> None:
+        """Close a rank's file; a failed final flush was already recorded by write()."""
+        if file is None:
+            return
+        try:
+            file.close()
+        except (OSError, ValueError):
+            pass
+
+    def write(self, rank: int, piece: bytes, file: IO[bytes] | None, partial: bool = False) -> None:
+        """Write one piece of rank ``rank``'s output; never raises (see :attr:`failure`)."""
+        if file is not None:
+            self._write_file(rank, piece, file, partial)
+            return
+        if self._stdout_dead:
+            return  # keep draining the worker's pipe, drop the bytes
+        if self.prefix:
+            text = f"[{rank}] ".encode() + piece
+            if not text.endswith(b"\n"):
+                text += b"\n"  # a piece of a long line: its own line, so ranks never mix
+        else:
+            text = piece if partial or piece.endswith(b"\n") else piece + b"\n"
+        with self._lock:
+            if self._stdout_dead:
+                return
+            try:
+                self.stdout.write(text)
+                self.stdout.flush()
+            except (OSError, ValueError) as exc:
+                self._stdout_dead = True
+                self._fail_stdout(exc)
+
+    def _write_file(self, rank: int, piece: bytes, file: IO[bytes], partial: bool) -> None:
+        if rank in self._dead_files:
+            return
+        if not partial and not piece.endswith(b"\n"):
+            piece += b"\n"
+        try:
+            file.write(piece)
+            file.flush()
+        except (OSError, ValueError) as exc:
+            self._dead_files.add(rank)
+            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+            self._record(OutputFailure(
+                f"cannot write rank {rank}'s output to {getattr(file, 'name', '?')} ({reason}); "
+                "free space there or choose another --output-filename", 1))
+
+    def _fail_stdout(self, exc: BaseException) -> None:
+        if isinstance(exc, OSError) and exc.errno == errno.EPIPE:
+            self._record(OutputFailure("stdout is closed (broken pipe): nothing reads the job's "
+                                       "output any more", EXIT_BROKEN_PIPE))
+            # Point fd 1 at /dev/null so the interpreter's flush at exit does not fail too.
+            try:
+                devnull = os.open(os.devnull, os.O_WRONLY)
+                os.dup2(devnull, self.stdout.fileno())
+                os.close(devnull)
+            except (OSError, ValueError):
+                pass
+        else:
+            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+            self._record(OutputFailure(f"cannot write the job's output to stdout ({reason})", 1))
+
+    def _record(self, failure: OutputFailure) -> None:
+        with self._failure_lock:
+            if self.failure is None:
+                self.failure = failure

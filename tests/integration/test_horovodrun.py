@@ -1,0 +1,80 @@
+"""``horovodrun`` runs a Horovod-style script: Horovod's flags, Horovod's environment.
+
+Real processes through the installed console script, as a user types it.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hosts.harness import BIN, assert_no_orphans, env_for, new_marker
+
+HOROVODRUN = str(BIN / "horovodrun")
+SCRIPT = str(Path(__file__).parent / "scripts" / "horovod_style.py")
+
+
+def _run(*args: str, marker: str, timeout: float = 100) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([HOROVODRUN, *args], capture_output=True, text=True, timeout=timeout,
+                          env=env_for(marker))
+
+
+@pytest.mark.timeout(120)
+def test_horovod_style_script_runs_under_horovodrun(tmp_path: Path) -> None:
+    marker = new_marker()
+    timeline = tmp_path / "timeline.json"
+    res = _run("-np", "2", "--fusion-threshold-mb", "64", "--timeline-filename", str(timeline),
+               "python", SCRIPT, marker=marker)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    lines = sorted(line for line in res.stdout.splitlines() if "hvd rank=" in line)
+    both = f"fusion=64.0/{64 << 20} timeline={timeline}/{timeline}"
+    assert lines == [
+        f"[0] hvd rank=0/2 local=0/2 cross=0/1 host=localhost {both} sum=1",
+        f"[1] hvd rank=1/2 local=1/2 cross=0/1 host=localhost {both} sum=1",
+    ]
+    assert_no_orphans(marker)
+
+
+@pytest.mark.timeout(120)
+def test_the_same_script_runs_under_ringrun() -> None:
+    """ringrun gives HOROVOD_* too (see launch/horovod_env.py for why)."""
+    marker = new_marker()
+    res = subprocess.run([str(BIN / "ringrun"), "-np", "2", "python", SCRIPT], capture_output=True,
+                         text=True, timeout=100, env=env_for(marker))
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    assert sum("hvd rank=" in line and "sum=1" in line for line in res.stdout.splitlines()) == 2
+    assert_no_orphans(marker)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("flags,fragment", [
+    (["--mpi"], "--mpi is not supported"),
+    (["--jsrun"], "--jsrun is not supported"),
+    (["--mpi-args=--map-by ppr:1:node"], "--mpi-args is not supported"),
+    (["--min-np", "1", "--max-np", "4"], "elastic resizing"),
+    (["--host-discovery-script", "discover.sh"], "elastic resizing is not supported yet"),
+    (["--network-interface", "eth0,eth1"], "give one interface"),
+])
+def test_unsupported_flags_are_one_line_and_exit_2(flags: list[str], fragment: str) -> None:
+    marker = new_marker()
+    res = _run("-np", "2", *flags, sys.executable, "-c", "pass", marker=marker, timeout=30)
+    assert res.returncode == 2
+    assert res.stderr.count("\n") == 1 and res.stderr.startswith("horovodrun: error: "), res.stderr
+    assert fragment in res.stderr and "Traceback" not in res.stderr
+    assert res.stdout == ""
+    assert_no_orphans(marker)
+
+
+@pytest.mark.timeout(120)
+def test_check_build_tells_what_this_engine_has() -> None:
+    import torch
+
+    res = _run("--check-build", marker=new_marker())
+    assert res.returncode == 0, res.stderr
+    out = res.stdout
+    assert "[X] PyTorch" in out and "[ ] TensorFlow" in out and "[ ] MXNet" in out
+    assert "[X] Gloo" in out and "[ ] MPI" in out and "[ ] DDL" in out and "[ ] CCL" in out
+    nccl = torch.cuda.is_available() and torch.distributed.is_nccl_available()
+    assert ("[X] NCCL" if nccl else "[ ] NCCL") in out
