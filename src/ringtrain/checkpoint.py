@@ -23,6 +23,7 @@ same directory (one host, or a shared file system), as with DCP itself.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import io
 import json
@@ -30,6 +31,7 @@ import logging
 import os
 import re
 import shutil
+import socket
 import struct
 import uuid
 import warnings
@@ -43,8 +45,8 @@ from ringtrain import runtime
 from ringtrain.errors import CheckpointError
 
 __all__ = [
-    "SHARDED_SUFFIX", "SUFFIX", "latest", "load", "load_sharded", "save", "save_sharded",
-    "verify", "verify_sharded",
+    "SHARDED_SUFFIX", "SUFFIX", "latest", "load", "load_sharded", "remove_stale_temps", "save",
+    "save_sharded", "verify", "verify_sharded",
 ]
 
 log = logging.getLogger("ringtrain.checkpoint")
@@ -88,8 +90,13 @@ def save(path: str | os.PathLike[str], state: Any) -> Path | None:
     torch.save(state, buf)
     payload = buf.getbuffer()
     header = _HEADER.pack(_MAGIC, len(payload), hashlib.sha256(payload).digest())
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(f"{target.name}{_TMP_MARK}{os.getpid()}")
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise CheckpointError(f"cannot create the checkpoint directory {target.parent}: "
+                              f"{exc.strerror}") from None
+    remove_stale_temps(target.parent)
+    tmp = target.with_name(_temp_name(target.name))
     try:
         with open(tmp, "wb") as f:
             f.write(header)
@@ -97,12 +104,71 @@ def save(path: str | os.PathLike[str], state: Any) -> Path | None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, target)
-    except BaseException:
+    except OSError as exc:
         tmp.unlink(missing_ok=True)  # never leave a half-written file behind
+        raise CheckpointError(_write_error(target, exc, len(payload))) from None
+    except BaseException:
+        tmp.unlink(missing_ok=True)
         raise
     _fsync_dir(target.parent)
     log.info("saved checkpoint %s (%d bytes)", target, len(payload))
     return target
+
+
+def _temp_name(name: str) -> str:
+    # host and pid: a later save (or latest()) can tell a dead writer's leftover from a
+    # live writer's file, also on a file system shared by several hosts.
+    return f"{name}{_TMP_MARK}{socket.gethostname()}-{os.getpid()}"
+
+
+def _writer_is_gone(tmp_name: str) -> bool:
+    tail = tmp_name.rsplit(_TMP_MARK, 1)[-1]
+    host, _, pid = tail.rpartition("-")
+    if not host or not pid.isdigit():
+        return False  # not a host-pid name (a sharded save's token: cleaned by its own save)
+    if host != socket.gethostname():
+        return False  # another host's writer: not ours to judge
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except (PermissionError, OverflowError):
+        return False  # alive (another user's), or not a pid at all
+    return False
+
+
+def remove_stale_temps(directory: str | os.PathLike[str]) -> list[Path]:
+    """Delete temporary files and directories that writers killed mid-save left in
+    ``directory`` (those of live writers and of other hosts are kept); returns them."""
+    root = Path(directory)
+    removed = []
+    try:
+        entries = list(root.iterdir())
+    except OSError:
+        return removed
+    for entry in entries:
+        if _TMP_MARK in entry.name and _writer_is_gone(entry.name):
+            try:
+                if entry.is_dir():
+                    shutil.rmtree(entry)
+                else:
+                    entry.unlink()
+                removed.append(entry)
+                log.info("removed %s, left by a writer that died mid-save", entry)
+            except OSError:
+                pass
+    return removed
+
+
+def _write_error(target: Path, exc: OSError, nbytes: int) -> str:
+    text = f"cannot write checkpoint {target} ({nbytes / 2**20:.1f} MiB): {exc.strerror}"
+    if exc.errno == errno.ENOSPC:
+        try:
+            free = shutil.disk_usage(target.parent).free
+            text += f" ({free / 2**20:.1f} MiB free there); free space or save elsewhere"
+        except OSError:
+            text += "; free space or save elsewhere"
+    return text
 
 
 def _read_verified(path: Path) -> bytes:
@@ -121,10 +187,15 @@ def _read_verified(path: Path) -> bytes:
     if magic != _MAGIC:
         raise CheckpointError(f"{path} is not a ringtrain checkpoint (bad magic); check the path")
     payload = data[_HEADER.size :]
-    if len(payload) != length:
+    if len(payload) < length:
         raise CheckpointError(
             f"checkpoint {path} is truncated: {len(payload)} of {length} payload bytes; "
             "use an earlier checkpoint"
+        )
+    if len(payload) > length:
+        raise CheckpointError(
+            f"checkpoint {path} has {len(payload) - length} bytes after its end (something "
+            "appended to it); use an earlier checkpoint"
         )
     if hashlib.sha256(payload).digest() != digest:
         raise CheckpointError(
@@ -138,28 +209,36 @@ def verify(path: str | os.PathLike[str]) -> None:
     _read_verified(Path(path))
 
 
-def _unpickle(payload: bytes, path: Path, weights_only: bool | None, map_location: Any) -> Any:
-    if weights_only is None:
-        try:
-            return torch.load(io.BytesIO(payload), map_location=map_location, weights_only=True)
-        except Exception as exc:  # noqa: BLE001 - torch raises UnpicklingError or RuntimeError
-            # The checksum proves integrity, not origin: say so when we go beyond tensors.
-            log.warning(
-                "checkpoint %s holds objects beyond tensors (%s); loading it with "
-                "weights_only=False: only do this for files you trust",
-                path, str(exc).splitlines()[0][:120],
-            )
-            weights_only = False
-    return torch.load(io.BytesIO(payload), map_location=map_location, weights_only=weights_only)
+_UNSAFE_GLOBAL = re.compile(r"GLOBAL ([\w.]+)")
+
+
+def _unpickle(payload: bytes, path: Path, weights_only: bool, map_location: Any) -> Any:
+    """Unpickle safely: ``torch.load(weights_only=True)`` allows tensors, numbers,
+    strings, bools, None and containers of them, which is everything ringtrain itself
+    saves (model and optimizer state, loader positions, RNG states, step counts). The
+    SHA-256 header proves the file is intact, not who wrote it: a crafted pickle could run
+    code, so any other type is an error that names it; ``weights_only=False`` is the
+    explicit opt-in for a file you trust."""
+    try:
+        return torch.load(io.BytesIO(payload), map_location=map_location, weights_only=weights_only)
+    except Exception as exc:  # noqa: BLE001 - torch raises UnpicklingError or RuntimeError
+        if not weights_only:
+            raise CheckpointError(f"cannot unpickle checkpoint {path}: {str(exc).splitlines()[0][:200]}") from None
+        found = sorted(set(_UNSAFE_GLOBAL.findall(str(exc))))
+        what = ", ".join(found) if found else str(exc).splitlines()[0][:160]
+        raise CheckpointError(
+            f"checkpoint {path} holds {what}, which a safe load does not allow (unpickling it could "
+            "run code); if you trust the file, load it with rt.checkpoint.load(path, weights_only=False)"
+        ) from None
 
 
 def load(
-    path: str | os.PathLike[str], weights_only: bool | None = None, map_location: Any = "cpu"
+    path: str | os.PathLike[str], weights_only: bool = True, map_location: Any = "cpu"
 ) -> Any:
     """Read a checkpoint; in a job, rank 0 reads and every rank gets the same state.
 
-    Every rank must call it. ``weights_only=None`` tries the safe loader first and falls
-    back (with a warning) for states holding other Python objects.
+    Every rank must call it. The load is safe by default (see :func:`_unpickle`);
+    ``weights_only=False`` loads arbitrary pickled objects and is only for trusted files.
     """
     target = Path(path)
     if not _distributed():
@@ -201,6 +280,7 @@ def latest(directory: str | os.PathLike[str], pattern: str = f"*{SUFFIX}") -> Pa
     root = Path(directory)
     if not root.is_dir():
         return None
+    remove_stale_temps(root)
     candidates = [p for p in root.glob(pattern)
                   if _TMP_MARK not in p.name and _OLD_MARK not in p.name
                   and (p.is_file() or (p / _MANIFEST).exists())]

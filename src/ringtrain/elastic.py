@@ -127,7 +127,7 @@ class Resumable:
                     collectives.broadcast_(tensor, root_rank=0, name=f"elastic.init {name}")
             self.start_step = 0
             return 0
-        state = checkpoint.load(path, weights_only=False)
+        state = checkpoint.load(path)  # safe: only what Resumable itself saves
         self.model.load_state_dict(state["model"])
         if self.optimizer is not None and state.get("optimizer") is not None:
             self.optimizer.load_state_dict(state["optimizer"])

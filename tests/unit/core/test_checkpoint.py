@@ -74,12 +74,114 @@ def test_latest_skips_damaged_and_temp_files(tmp_path: Path) -> None:
     assert rt.checkpoint.latest(tmp_path) == tmp_path / "step-2.ckpt"
 
 
-def test_objects_beyond_tensors_load_with_fallback(tmp_path: Path) -> None:
+class _Planted:
+    """What an attacker pickles: unpickling calls os.system (here: touches a file)."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):  # type: ignore[no-untyped-def]
+        import os
+
+        return (os.system, (f"touch {self.marker}",))
+
+
+def _planted_checkpoint(path: Path, marker: Path, key: str = "model") -> None:
+    """A well-formed ringtrain checkpoint (valid header and SHA-256) with a malicious payload."""
+    import hashlib
+    import io
+    import struct
+
+    buf = io.BytesIO()
+    torch.save({key: _Planted(marker), "step": 1}, buf)
+    payload = buf.getvalue()
+    path.write_bytes(struct.pack("<8sQ32s", b"RTCKPT01", len(payload), hashlib.sha256(payload).digest())
+                     + payload)
+
+
+def test_a_crafted_pickle_is_refused_naming_the_type_and_runs_nothing(tmp_path: Path) -> None:
+    marker = tmp_path / "pwned"
+    p = tmp_path / "step-999999.ckpt"
+    _planted_checkpoint(p, marker)
+    with pytest.raises(rt.errors.CheckpointError, match=r"holds posix\.system.*weights_only=False"):
+        rt.checkpoint.load(p)
+    assert not marker.exists(), "unpickling the planted file ran code"
+
+
+def test_resume_and_keras_restore_refuse_a_planted_checkpoint(tmp_path: Path) -> None:
+    marker = tmp_path / "pwned"
+    _planted_checkpoint(tmp_path / "step-999999.ckpt", marker)
+    model = torch.nn.Linear(2, 1)
+    state = rt.elastic.Resumable(tmp_path, model=model, every=1)
+    with pytest.raises(rt.errors.CheckpointError, match="posix.system"):
+        state.resume()
+    assert not marker.exists()
+
+
+def test_objects_beyond_tensors_need_the_explicit_opt_in(tmp_path: Path) -> None:
     import fractions
-    from collections import OrderedDict
 
     p = tmp_path / "o.ckpt"
-    rt.checkpoint.save(p, {"frac": fractions.Fraction(1, 3), "od": OrderedDict(a=1)})
-    assert rt.checkpoint.load(p)["frac"] == fractions.Fraction(1, 3)
-    with pytest.raises(Exception, match="(?i)weights.only"):
-        rt.checkpoint.load(p, weights_only=True)
+    rt.checkpoint.save(p, {"frac": fractions.Fraction(1, 3)})
+    with pytest.raises(rt.errors.CheckpointError, match="fractions.Fraction"):
+        rt.checkpoint.load(p)
+    assert rt.checkpoint.load(p, weights_only=False)["frac"] == fractions.Fraction(1, 3)
+
+
+def test_what_ringtrain_saves_loads_safely(tmp_path: Path) -> None:
+    import random
+
+    m = torch.nn.Linear(3, 2)
+    opt = torch.optim.Adam(m.parameters())
+    m(torch.ones(1, 3)).sum().backward()
+    opt.step()
+    state = {"model": m.state_dict(), "optimizer": opt.state_dict(), "rng": random.getstate(),
+             "torch_rng": torch.get_rng_state(), "step": 3, "name": "x", "flags": (True, None)}
+    rt.checkpoint.save(tmp_path / "s.ckpt", state)
+    back = rt.checkpoint.load(tmp_path / "s.ckpt")
+    assert back["rng"] == state["rng"] and back["optimizer"]["state"][0]["step"] == 1
+
+
+def test_appended_bytes_and_stale_temp_files(tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    p = tmp_path / "a.ckpt"
+    rt.checkpoint.save(p, {"x": torch.ones(3)})
+    with open(p, "ab") as f:
+        f.write(b"junk")
+    with pytest.raises(rt.errors.CheckpointError, match="4 bytes after its end"):
+        rt.checkpoint.load(p)
+    # a writer killed mid-save (its pid no longer exists) left its temporary file
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True).stdout.strip()
+    import socket
+
+    stale = tmp_path / f"b.ckpt.tmp-{socket.gethostname()}-{dead}"
+    stale.write_bytes(b"half")
+    live = tmp_path / f"c.ckpt.tmp-{socket.gethostname()}-{os.getpid()}"
+    live.write_bytes(b"in progress")
+    other_host = tmp_path / f"d.ckpt.tmp-elsewhere-{dead}"
+    other_host.write_bytes(b"someone else's")
+    assert rt.checkpoint.latest(tmp_path) is None  # the damaged a.ckpt is skipped
+    assert not stale.exists() and live.exists() and other_host.exists()
+    stale.write_bytes(b"half")
+    rt.checkpoint.save(tmp_path / "e.ckpt", {"x": 1})
+    assert not stale.exists()
+
+
+def test_a_full_disk_names_the_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import errno
+    import os as os_module
+
+    real_fsync = os_module.fsync
+
+    def full(fd: int) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os_module, "fsync", full)
+    with pytest.raises(rt.errors.CheckpointError, match=r"cannot write checkpoint .*f\.ckpt.*No space left.*free"):
+        rt.checkpoint.save(tmp_path / "f.ckpt", {"x": torch.ones(2)})
+    monkeypatch.setattr(os_module, "fsync", real_fsync)
+    assert not list(tmp_path.glob("f.ckpt*")), "no half-written file is left"
