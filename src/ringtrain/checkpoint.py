@@ -141,7 +141,7 @@ def remove_stale_temps(directory: str | os.PathLike[str]) -> list[Path]:
     """Delete temporary files and directories that writers killed mid-save left in
     ``directory`` (those of live writers and of other hosts are kept); returns them."""
     root = Path(directory)
-    removed = []
+    removed: list[Path] = []
     try:
         entries = list(root.iterdir())
     except OSError:
