@@ -24,7 +24,7 @@ $(VENV)/.installed-dev: $(BIN)/python pyproject.toml
 
 demo: $(VENV)/.installed-demo
 	rm -rf runs/demo
-	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/ringrun -np 2 python examples/mnist_cnn.py --checkpoint-dir runs/demo
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/ringrun -np 2 --oversubscribe python examples/mnist_cnn.py --checkpoint-dir runs/demo
 
 test: $(VENV)/.installed-dev
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -q tests

@@ -5,8 +5,8 @@ runs offline), read as bytes: a 256-symbol vocabulary. Every layout trains the s
 model (same seed) on the same global batch, so its loss is the same up to rounding::
 
     python examples/gpt_parallel.py --steps 50                       # one process
-    ringrun -np 4 python examples/gpt_parallel.py --pipeline 2 --shard      # 2 stages x 2 sharded
-    ringrun -np 8 python examples/gpt_parallel.py --pipeline 2 --tensor 2 --shard
+    ringrun -np 4 --oversubscribe python examples/gpt_parallel.py --pipeline 2 --shard      # 2 stages x 2 sharded
+    ringrun -np 8 --oversubscribe python examples/gpt_parallel.py --pipeline 2 --tensor 2 --shard
 
 The data-parallel degree is world size / (pipeline x tensor). Rank 0 prints the loss
 and samples/s as it goes, then ``final loss <float>`` and ``state MiB per rank <float>``

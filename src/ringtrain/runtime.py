@@ -124,6 +124,15 @@ def _is_loopback(addr: str) -> bool:
     return addr in _LOOPBACK_NAMES or addr.startswith("127.")
 
 
+def _interface_towards(addr: str) -> str | None:
+    """The network interface this host would use to reach ``addr`` (None if unknown)."""
+    from ringtrain.launch import network  # standard library only
+
+    dest = network.resolve(addr)
+    source = network.source_address_for(dest) if dest else None
+    return network.interface_of_address(source) if source else None
+
+
 def _store_listener(env: LaunchEnv) -> int:
     """The listening descriptor for rank 0's store: ringrun's reservation (inherited), or
     a socket bound here on ``MASTER_ADDR`` only.
@@ -237,10 +246,14 @@ def init(backend: str | None = None, timeout: float | None = None) -> World:
         _world, _store = _join_existing(env, cfg)
         return _world
     chosen = _choose_backend(cfg.backend, env.local_size)
-    if chosen == "gloo" and _is_loopback(env.master_addr) and env.gloo_interface is None:
-        # Gloo binds the address the host name resolves to; confine a one-host job to
-        # loopback so nothing listens on the network. (Gloo reads only the variable.)
-        os.environ["GLOO_SOCKET_IFNAME"] = "lo"
+    if chosen == "gloo" and env.gloo_interface is None:
+        # Gloo binds the address the host name resolves to, which may be 127.0.1.1 or
+        # an interface the other hosts cannot reach (seen under srun). Confine a one-host
+        # job to loopback, so nothing listens on the network; across hosts, use the
+        # interface that routes to rank 0. (Gloo reads only the variable.)
+        iface = "lo" if _is_loopback(env.master_addr) else _interface_towards(env.master_addr)
+        if iface:
+            os.environ["GLOO_SOCKET_IFNAME"] = iface
     pg_timeout = datetime.timedelta(seconds=cfg.init_timeout)
     store = _make_store(env, pg_timeout)
     _await_everyone(store, env, cfg.init_timeout)

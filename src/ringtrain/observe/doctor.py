@@ -60,6 +60,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("-np", "--num-proc", dest="np", type=int, default=1,
                    help="processes (ranks); > 1 runs the script through ringrun (default 1)")
+    p.add_argument("--oversubscribe", action="store_true",
+                   help="allow more ranks than this host's cores (passed to ringrun)")
     p.add_argument("--steps", type=int, default=50,
                    help="steps to measure after the warm-up, then stop the script; "
                         "0 runs it to its end (default 50)")
@@ -91,7 +93,8 @@ def build_command(args: argparse.Namespace) -> list[str]:
         raise _UsageError(f"command {exe!r} not found; check the spelling or use a full path")
     if args.np > 1:
         # ringrun as a module of this interpreter: no reliance on PATH.
-        return [sys.executable, "-m", "ringtrain.launch.cli", "-np", str(args.np), *command]
+        extra = ["--oversubscribe"] if args.oversubscribe else []
+        return [sys.executable, "-m", "ringtrain.launch.cli", "-np", str(args.np), *extra, *command]
     return command
 
 

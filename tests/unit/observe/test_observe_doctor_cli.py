@@ -28,5 +28,7 @@ def test_ringrun_is_used_for_more_than_one_rank() -> None:
     command = doctor.build_command(args)
     assert command[1:5] == ["-m", "ringtrain.launch.cli", "-np", "3"]
     assert command[-2:] == ["python", "t.py"]
+    many = doctor.build_command(doctor.build_parser().parse_args(["-np", "9", "--oversubscribe", "--", "python", "t.py"]))
+    assert many[1:6] == ["-m", "ringtrain.launch.cli", "-np", "9", "--oversubscribe"]
     one = doctor.build_command(doctor.build_parser().parse_args(["python", "t.py", "--lr", "1"]))
     assert one == ["python", "t.py", "--lr", "1"]
