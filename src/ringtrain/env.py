@@ -17,8 +17,9 @@ srun       SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, SLURM_NODEID, SLURM_NNODES
 none       a 1-process world, so the same script runs without a launcher
 =========  =====================================================================
 
-Read in every dialect: TORCHELASTIC_USE_AGENT_STORE (torchrun's agent hosts the store)
-and GLOO_SOCKET_IFNAME (the interface Gloo binds).
+Read in every dialect: TORCHELASTIC_USE_AGENT_STORE (torchrun's agent hosts the store),
+GLOO_SOCKET_IFNAME (the interface Gloo binds) and RINGTRAIN_JOB_SECRET (ringrun's per-job
+key for what ringtrain writes to the store, see :mod:`ringtrain.signing`).
 
 Parsing is a pure function of a mapping, so every dialect is unit-tested without
 starting processes.
@@ -30,7 +31,7 @@ import dataclasses
 import re
 import zlib
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ringtrain.errors import LaunchEnvError
 
@@ -62,6 +63,8 @@ class LaunchEnv:
     agent_store: bool = False
     #: GLOO_SOCKET_IFNAME as given by the user or launcher (None: not set).
     gloo_interface: str | None = None
+    #: ringrun's per-job secret (RINGTRAIN_JOB_SECRET) that seals ringtrain's store values.
+    secret: str = field(default="", repr=False)
 
     def __post_init__(self) -> None:
         where = f"(launcher {self.launcher})"
@@ -272,6 +275,7 @@ def parse_env(env: Mapping[str, str]) -> LaunchEnv:
         _dialect(env),
         agent_store=env.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true",
         gloo_interface=env.get("GLOO_SOCKET_IFNAME") or None,
+        secret=env.get("RINGTRAIN_JOB_SECRET", ""),
     )
 
 

@@ -24,6 +24,7 @@ from ringtrain import sockets
 from ringtrain.env import LaunchEnv, parse_env
 from ringtrain.errors import ConfigError, LaunchEnvError, NotInitializedError
 from ringtrain.settings import Settings, load_settings
+from ringtrain.signing import Signer
 
 __all__ = [
     "World",
@@ -40,6 +41,7 @@ __all__ = [
     "rank",
     "settings",
     "shutdown",
+    "signer",
     "size",
     "store",
     "world",
@@ -70,6 +72,11 @@ _store_prefix = ""
 _broken: str | None = None
 _exit_guard_registered = False
 _shutdown_hooks: list[Callable[[], None]] = []
+
+
+def signer() -> Signer:
+    """Seals what ringtrain writes to the store with the job's secret (:mod:`ringtrain.signing`)."""
+    return Signer(world().env.secret if _world is not None else "")
 
 
 def mark_broken(reason: str) -> None:
@@ -274,21 +281,25 @@ def _await_everyone(store: dist.Store, env: LaunchEnv, timeout_s: float) -> None
     race with rank 0, which hosts the store, exiting)."""
     if env.size == 1:
         return
-    store.set(f"joined/{env.rank}", "1")
+    seal = Signer(env.secret)
+    store.set(f"joined/{env.rank}", seal.seal(f"joined/{env.rank}", "1"))
     if env.rank == 0:
         keys = [f"joined/{r}" for r in range(env.size)]
         try:
             store.wait(keys, datetime.timedelta(seconds=timeout_s))
-            store.set("joined/outcome", "ok")
-            return
+            missing = [r for r, k in enumerate(keys) if seal.open(k, store.get(k)) != "1"]
         except RuntimeError:
-            missing = [r for r in range(env.size) if not store.check([f"joined/{r}"])]
-        store.set("joined/outcome", ",".join(map(str, missing)))
+            missing = [r for r, k in enumerate(keys)
+                       if not store.check([k]) or seal.open(k, store.get(k)) != "1"]
+        outcome = ",".join(map(str, missing)) if missing else "ok"
+        store.set("joined/outcome", seal.seal("joined/outcome", outcome))
+        if not missing:
+            return
         time.sleep(2.0)  # let the ranks that came read it before the store goes
     else:
         try:
             store.wait(["joined/outcome"], datetime.timedelta(seconds=timeout_s + 10.0))
-            outcome = store.get("joined/outcome").decode()
+            outcome = seal.open("joined/outcome", store.get("joined/outcome")) or "unsealed"
         except RuntimeError:
             raise LaunchEnvError(
                 f"rank 0 (which hosts the rendezvous at {env.master_addr}:{env.master_port}) "
@@ -297,6 +308,11 @@ def _await_everyone(store: dist.Store, env: LaunchEnv, timeout_s: float) -> None
             ) from None
         if outcome == "ok":
             return
+        if outcome == "unsealed":
+            raise LaunchEnvError(
+                f"the rendezvous outcome in the store at {env.master_addr}:{env.master_port} was "
+                "not written by this job (someone else wrote to its store); see docs/launch.md"
+            )
         missing = [int(r) for r in outcome.split(",") if r]
     shown = ", ".join(map(str, missing[:10])) + (f" ... ({len(missing)} ranks)" if len(missing) > 10 else "")
     raise LaunchEnvError(
@@ -361,13 +377,21 @@ def _wait_for_everyone_to_leave(store: dist.Store, w: World) -> None:
     ("terminate called without an active exception", seen 1 run in 6 of a 4-rank job).
     So every rank reports that it has left, and rank 0 waits (bounded) for all of them.
     """
+    seal = Signer(w.env.secret)
     try:
-        store.add("shutdown/left", 1)
+        key = f"shutdown/left/{w.env.rank}"
+        store.set(key, seal.seal(key, "1"))
         if w.env.rank != 0:
             return
         deadline = time.monotonic() + min(30.0, w.settings.init_timeout)
-        while store.add("shutdown/left", 0) < w.env.size and time.monotonic() < deadline:
-            time.sleep(0.01)
+        waiting = set(range(1, w.env.size))
+        while waiting and time.monotonic() < deadline:
+            for r in list(waiting):
+                k = f"shutdown/left/{r}"
+                if store.check([k]) and seal.open(k, store.get(k)) == "1":
+                    waiting.discard(r)
+            if waiting:
+                time.sleep(0.01)
     except (RuntimeError, OSError) as exc:  # a rank already gone: nothing left to protect
         log.debug("shutdown: store no longer reachable (%s)", exc)
 

@@ -35,3 +35,20 @@ def test_one_host_job_listens_only_on_loopback() -> None:
         proc.send_signal(signal.SIGTERM)
         proc.wait(10)
     assert_no_orphans(marker)
+
+
+@pytest.mark.timeout(120)
+def test_ranks_get_a_per_job_secret_that_differs_between_jobs() -> None:
+    import subprocess
+    import sys
+
+    code = "import os; print('secret', os.environ.get('RINGTRAIN_JOB_SECRET', ''))"
+    seen = []
+    for _ in range(2):
+        res = subprocess.run([RINGRUN, "-np", "2", sys.executable, "-c", code], capture_output=True,
+                             text=True, timeout=60)
+        assert res.returncode == 0, res.stderr
+        secrets = {line.split()[-1] for line in res.stdout.splitlines() if "secret" in line}
+        assert len(secrets) == 1 and len(next(iter(secrets))) == 32  # the same for the job's ranks
+        seen.append(next(iter(secrets)))
+    assert seen[0] != seen[1]

@@ -17,6 +17,7 @@ start the workers.
 from __future__ import annotations
 
 import os
+import secrets
 import signal
 import socket
 import sys
@@ -116,6 +117,17 @@ def _threads_per_worker(local_size: int) -> int:
     return max(1, cpus // max(1, local_size))
 
 
+_SECRETS: dict[str, str] = {}
+
+
+def job_secret(run_id: str) -> str:
+    """The job's secret (one per run id, the same for every attempt): it seals what
+    ringtrain writes to the unauthenticated store (:mod:`ringtrain.signing`)."""
+    if run_id not in _SECRETS:
+        _SECRETS[run_id] = secrets.token_hex(16)
+    return _SECRETS[run_id]
+
+
 def worker_env(
     p: Placement, size: int, addr: str, port: int, attempt: int, run_id: str, base: dict[str, str],
     set_threads: bool = True,
@@ -131,6 +143,7 @@ def worker_env(
         RINGTRAIN_CROSS_SIZE=str(p.cross_size),
         RINGTRAIN_ATTEMPT=str(attempt),
         RINGTRAIN_RUN_ID=run_id,
+        RINGTRAIN_JOB_SECRET=job_secret(run_id),
         RANK=str(p.rank),
         WORLD_SIZE=str(size),
         LOCAL_RANK=str(p.local_rank),

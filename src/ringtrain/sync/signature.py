@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from ringtrain import runtime
-from ringtrain.errors import MismatchError, StallError
+from ringtrain.errors import CollectiveError, MismatchError, StallError
 from ringtrain.settings import env_name
 
 __all__ = [
@@ -152,8 +152,9 @@ def check_signature(
     blob = json.dumps({"entries": mine, "settings": dict(settings or {})}, sort_keys=True)
     digest = hashlib.sha256(blob.encode()).hexdigest()
     store = runtime.store()
-    store.set(f"{prefix}full/{rank}", blob)
-    store.set(f"{prefix}hash/{rank}", digest)
+    seal = runtime.signer()
+    store.set(f"{prefix}full/{rank}", seal.seal(f"{prefix}full/{rank}", blob))
+    store.set(f"{prefix}hash/{rank}", seal.seal(f"{prefix}hash/{rank}", digest))
     keys = [f"{prefix}hash/{r}" for r in range(size)]
     missing = _wait_keys(store, keys, timeout)
     if missing:
@@ -164,14 +165,23 @@ def check_signature(
             f"{env_name('stall_timeout')}), seen from rank {rank}; those ranks are behind, "
             "stuck or gone: look at their logs"
         )
-    hashes = {r: store.get(k).decode() for r, k in enumerate(keys)}
+    def read(key: str) -> str:
+        value = seal.open(key, store.get(key))
+        if value is None:
+            raise CollectiveError(
+                f"signature check #{index}: the value under {key!r} in the job's store was not "
+                "written by this job (someone else wrote to its store; see docs/launch.md)"
+            )
+        return value
+
+    hashes = {r: read(k) for r, k in enumerate(keys)}
     if len(set(hashes.values())) == 1:
         return
     # Read each distinct signature once (every rank reads the same, so all raise alike).
     first_of: dict[str, int] = {}
     for r in range(size):
         first_of.setdefault(hashes[r], r)
-    decoded = {h: json.loads(store.get(f"{prefix}full/{r}")) for h, r in first_of.items()}
+    decoded = {h: json.loads(read(f"{prefix}full/{r}")) for h, r in first_of.items()}
     all_entries = {r: [entry(e[0], e[1], e[2]) for e in decoded[hashes[r]]["entries"]] for r in range(size)}
     all_settings = {r: decoded[hashes[r]]["settings"] for r in range(size)}
     message = describe_mismatch(all_entries, all_settings, what)

@@ -35,6 +35,7 @@ import torch.distributed as dist
 from ringtrain import runtime
 from ringtrain.errors import CollectiveError, StallError
 from ringtrain.settings import env_name
+from ringtrain.signing import Signer
 
 __all__ = [
     "Arrival",
@@ -93,8 +94,9 @@ def describe(name: str | None, tensor: torch.Tensor | None) -> str:
 class Tracker:
     """Counts this rank's exchanges and publishes the latest one to the store."""
 
-    def __init__(self, store: dist.Store, rank: int, size: int) -> None:
+    def __init__(self, store: dist.Store, rank: int, size: int, signer: Signer | None = None) -> None:
         self.store = store
+        self.signer = signer or Signer()
         self.rank = rank
         self.size = size
         self._seq = 0
@@ -127,7 +129,8 @@ class Tracker:
                     return
                 value, self._pending = self._pending, None
             try:
-                self.store.set(f"{_PREFIX}last/{self.rank}", value)
+                key = f"{_PREFIX}last/{self.rank}"
+                self.store.set(key, self.signer.seal(key, value))
             except Exception:  # noqa: BLE001 - store gone (rank 0 exited): stop reporting
                 with self._cond:
                     self._closed = True
@@ -153,7 +156,8 @@ class Tracker:
         if self._closed:
             return  # replaced by a newer world's tracker, or the store is gone
         try:
-            _bounded(lambda: self.store.set(f"{_PREFIX}gone/{self.rank}", "1"), 1.0)
+            key = f"{_PREFIX}gone/{self.rank}"
+            _bounded(lambda: self.store.set(key, self.signer.seal(key, "1")), 1.0)
         except Exception:  # noqa: BLE001 - the store is gone too; nothing to tell
             pass
         self.close()
@@ -171,7 +175,8 @@ def tracker() -> Tracker:
         if _current is None or _current[0] is not world:
             if _current is not None:
                 _current[1].close()
-            _current = (world, Tracker(runtime.store(), world.env.rank, world.env.size))
+            _current = (world, Tracker(runtime.store(), world.env.rank, world.env.size,
+                                       runtime.signer()))
         return _current[1]
 
 
@@ -271,10 +276,14 @@ def inspect(arrival: Arrival, waited_s: float, timeout_s: float, cause: str | No
     def read() -> tuple[dict[int, Arrival | None], set[int]]:
         last: dict[int, Arrival | None] = {}
         gone: set[int] = set()
+        seal = tr.signer
         for r in range(tr.size):
+            # A value without this job's seal was not written by a rank: ignored.
             key = f"{_PREFIX}last/{r}"
-            last[r] = Arrival.from_json(store.get(key)) if store.check([key]) else None
-            if store.check([f"{_PREFIX}gone/{r}"]):
+            raw = seal.open(key, store.get(key)) if store.check([key]) else None
+            last[r] = Arrival.from_json(raw) if raw is not None else None
+            gone_key = f"{_PREFIX}gone/{r}"
+            if store.check([gone_key]) and seal.open(gone_key, store.get(gone_key)) == "1":
                 gone.add(r)
         return last, gone
 
