@@ -38,7 +38,8 @@ def test_device_path_delivers_correct_batches(fake_cuda: FakeBackend, num_worker
         assert fake_cuda.copies == 2 * len(loader)
         if num_workers:
             assert fake_cuda.registered  # slots page-locked once, not per batch
-            assert len(fake_cuda.registered) <= loader._feed._max_slots()
+            assert len(fake_cuda.registered) == loader.stats()["pinned_slots"] \
+                == loader.stats()["slots"]
             assert all(fake_cuda.non_blocking[2:])
         assert loader.total_h2d_s > 0
     assert not fake_cuda.registered  # unregistered at close
@@ -62,7 +63,7 @@ def test_real_cuda_path(num_workers: int) -> None:
                 ref = torch.from_numpy(ds.x[i.cpu().numpy()]).cuda()
                 assert torch.equal(x, ref)
         if num_workers:
-            slots = loader._feed.slots
-            assert slots is not None and all(s.pinned for s in slots.slots.values())
+            stats = loader.stats()
+            assert stats["slots"] > 0 and stats["pinned_slots"] == stats["slots"]
         assert loader.total_h2d_s > 0
     torch.cuda.synchronize()

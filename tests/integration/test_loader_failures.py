@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from ringtrain.data import Loader
 from ringtrain.errors import DataError, WorkerDiedError, WorkerError
@@ -66,11 +67,11 @@ def _shm() -> set[str]:
 def test_worker_exception_is_reraised_with_traceback_and_index() -> None:
     loader = Loader(Faulty(raise_at=1234), batch_size=16, num_workers=2, device="cpu")
     it = iter(loader)
-    next(it)
+    got = [next(it)[1]]
     pids = _worker_pids(loader)
     with pytest.raises(WorkerError) as info:
-        for _ in it:
-            pass
+        for _, i in it:
+            got.append(i)
     msg = str(info.value)
     assert "ValueError at sample index 1234" in msg
     assert "cannot decode sample 1234" in msg and "Traceback" in msg
@@ -81,8 +82,44 @@ def test_worker_exception_is_reraised_with_traceback_and_index() -> None:
     # the loader can be used again (fresh workers), and resumes where it stopped
     loader.dataset.raise_at = -1
     rest = [i for _, i in loader]
-    assert len(rest) == len(loader) and _worker_pids(loader) != pids
+    assert len(got) + len(rest) == len(loader) and _worker_pids(loader) != pids
+    assert sorted(torch.cat(got + rest).tolist()) == list(range(2000))
     loader.close()
+
+
+class FailsOnce(Faulty):
+    """Raises at ``raise_at`` the first time it is asked for it (in any process)."""
+
+    def __init__(self, n: int, raise_at: int, flag: Path) -> None:
+        super().__init__(n)
+        self.at, self.flag = raise_at, flag
+
+    def __getitem__(self, i: int) -> tuple[np.ndarray, int]:
+        if i == self.at and not self.flag.exists():
+            self.flag.touch()
+            raise ValueError(f"transient failure at sample {i}")
+        return super().__getitem__(i)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_iterating_again_after_an_error_continues_after_the_last_batch(
+        num_workers: int, tmp_path: Path) -> None:
+    # Issue 18: iterating again after a worker error used to restart the epoch at
+    # sample 0, so every batch handed out before the error was trained on twice.
+    ds = FailsOnce(2000, raise_at=1234, flag=tmp_path / "failed")
+    with Loader(ds, batch_size=16, num_workers=num_workers, device="cpu", seed=5) as loader:
+        before: list[torch.Tensor] = []
+        with pytest.raises((WorkerError, ValueError), match="transient failure"):
+            for _, i in loader:
+                before.append(i)
+        state = loader.state_dict()
+        after = [i for _, i in loader]  # the same epoch, from the batch that failed
+        assert loader.epoch == 1
+    seen = torch.cat(before + after).tolist()
+    assert len(before) > 0 and len(before) + len(after) == len(loader)
+    assert sorted(seen) == list(range(2000))  # each sample once: none twice, none lost
+    assert state["epoch"] == 0 and state["position"] == 16 * len(before)
 
 
 @pytest.mark.timeout(60)

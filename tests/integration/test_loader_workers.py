@@ -216,20 +216,42 @@ def test_auto_workers_adapt_to_a_slow_dataset(caplog: pytest.LogCaptureFixture) 
                for r in caplog.records)
 
 
+class SlowBatches(Indexed):
+    """Every batch takes a worker at least 20 ms (as a slow disk would)."""
+
+    def __getitems__(self, indices: list[int]) -> list[tuple[np.ndarray, int]]:
+        time.sleep(0.02)
+        return [(self.x[i], i) for i in indices]
+
+
 @pytest.mark.timeout(60)
-def test_timing_hooks_with_workers() -> None:
-    with _loader(Indexed(2000)) as loader:
-        waits = []
+def test_wait_hooks_show_an_input_bound_loop_and_a_compute_bound_one() -> None:
+    # Input-bound: one worker needs >= 20 ms per batch and the loop does nothing, so
+    # the loop spends nearly all its time waiting in next(). Load on the machine only
+    # lengthens the waits.
+    with _loader(SlowBatches(640), num_workers=1, batch_size=32) as loader:
+        t0 = time.perf_counter()
+        longest = max(loader.last_wait_s for _ in loader)
+        wall = time.perf_counter() - t0
+        assert loader.total_wait_s > 0.5 * wall and longest > 0.01
+        assert loader.stats()["total_wait_s"] == loader.total_wait_s
+    # Compute-bound: the loop "computes" 30 ms per batch, far longer than two workers
+    # need for a batch of tiny samples, so after the first batch (which waits for the
+    # workers to start) it hardly ever waits.
+    with _loader(Indexed(2000), batch_size=100) as loader:
+        steps, first = 0.0, None
         for _ in loader:
-            waits.append(loader.last_wait_s)
-        assert len(waits) == len(loader) and min(waits) >= 0
-        assert loader.total_wait_s == pytest.approx(sum(waits))
+            first = loader.last_wait_s if first is None else first
+            t = time.perf_counter()
+            time.sleep(0.03)
+            steps += time.perf_counter() - t
+        assert first is not None and loader.total_wait_s - first < 0.5 * steps
 
 
 @pytest.mark.timeout(60)
 def test_breaking_out_of_epochs_leaks_no_slots() -> None:
     ds = Indexed(4000)
-    with _loader(ds, batch_size=40) as loader:
+    with _loader(ds, batch_size=40, prefetch=8, keep=4) as loader:
         for _ in range(15):  # abandon with batches in flight, again and again
             for k, _ in enumerate(loader):
                 if k == 3:
@@ -239,20 +261,48 @@ def test_breaking_out_of_epochs_leaks_no_slots() -> None:
         assert sorted(torch.cat([i for _, i in batches]).tolist()) == list(range(4000))
         for x, i in batches:
             assert torch.equal(x, torch.from_numpy(ds.x[i.numpy()]))
-        slots = loader._feed.slots
-        assert slots is not None and len(slots.slots) <= slots.max_slots
+        # documented bound: prefetch + keep + 1 slots
+        assert 0 < loader.stats()["slots"] <= 8 + 4 + 1
+
+
+class Logged(Indexed):
+    """Appends every sample index it loads to a file (from any process)."""
+
+    def __init__(self, n: int, log: Any) -> None:
+        super().__init__(n)
+        self.log = log
+
+    def __getitem__(self, i: int) -> tuple[np.ndarray, int]:
+        with open(self.log, "a") as f:
+            f.write(f"{i}\n")
+        return super().__getitem__(i)
+
+    def loaded(self) -> list[int]:
+        with open(self.log) as f:
+            return [int(line) for line in f]
 
 
 @pytest.mark.timeout(60)
-def test_next_epoch_loads_while_this_one_ends() -> None:
-    ds = Indexed(3000)
-    with _loader(ds, batch_size=100) as loader, _loader(ds, batch_size=100, num_workers=0) as ref:
+def test_next_epoch_loads_while_this_one_ends(tmp_path: Any) -> None:
+    ds = Logged(3000, tmp_path / "loaded.txt")
+    with _loader(ds, batch_size=100, prefetch=4) as loader, \
+            _loader(Indexed(3000), batch_size=100, num_workers=0) as ref:
+        ref.set_epoch(1)
+        next_first = set(torch.cat([i for _, i in _take(ref, limit=4)]).tolist())
         for epoch in range(3):
             loader.set_epoch(epoch)
             ref.set_epoch(epoch)
             got = [i.tolist() for _, i in _take(loader)]
             assert got == [i.tolist() for _, i in _take(ref)]
-            assert loader._feed._next_dispatched > 0  # epoch + 1 was already under way
+            if epoch == 0:
+                # Epoch 1 was under way before the loop asked for it: the workers load
+                # its first batches (and only those) with no iter() called yet.
+                deadline = time.monotonic() + 20
+                while len(ds.loaded()) <= 3000 and time.monotonic() < deadline:
+                    time.sleep(0.01)
+                counts = np.bincount(ds.loaded(), minlength=3000)
+                ahead = set(np.flatnonzero(counts > 1).tolist())
+                assert ahead and ahead <= next_first and counts.max() == 2
         # leave epoch 3 early, then go on with epoch 4 (the prefetched one) ...
         loader.set_epoch(3)
         assert len(_take(loader, limit=5)) == 5
@@ -263,9 +313,9 @@ def test_next_epoch_loads_while_this_one_ends() -> None:
         loader.set_epoch(9)
         ref.set_epoch(9)
         assert [i.tolist() for _, i in _take(loader)] == [i.tolist() for _, i in _take(ref)]
-        slots = loader._feed.slots
-        assert slots is not None and len(slots.slots) <= slots.max_slots
-        assert not loader._feed.refs or len(loader._feed.refs) <= 4
+        stats = loader.stats()
+        assert 0 < stats["slots"] <= 4 + 4 + 1  # prefetch + keep + 1
+        assert stats["held_batches"] == 0  # _take dropped every batch
 
 
 def _helper_threads() -> list[threading.Thread]:
@@ -284,7 +334,9 @@ def test_helper_thread_wraps_batches_during_the_step() -> None:
             assert torch.equal(x, torch.from_numpy(ds.x[i.numpy()]))
             seen += i.tolist()
         assert sorted(seen) == list(range(len(ds)))
-        assert loader.ahead_batches >= len(loader) // 2
+        # Typically nearly all of them; on a loaded machine the workers may answer
+        # late, but in 24 steps of 30 ms the helper always wrapped some.
+        assert loader.ahead_batches >= 1
         assert loader.stats()["ahead_batches"] == loader.ahead_batches
         assert len(_helper_threads()) == 1
     assert not _helper_threads()  # close() stops it
@@ -301,8 +353,9 @@ def test_helper_thread_rests_in_a_loop_without_steps() -> None:
             loader.set_epoch(epoch)
             for x, i in loader:
                 assert torch.equal(x, torch.from_numpy(ds.x[i.numpy()]))
-            # a few before it noticed (one wake-up may already be under way), of 80
-            assert loader.ahead_batches - before <= 8
+            # a few before it noticed, of 80 (typically <= 2; a loaded machine that
+            # descheduled the loop for over 1 ms makes it look like a step, now and then)
+            assert loader.ahead_batches - before <= len(loader) // 2
         assert loader.batches_yielded == 2 * len(loader)
 
 
@@ -329,6 +382,9 @@ def test_a_worker_death_seen_by_the_helper_is_raised_by_the_loop() -> None:
                 got += 1
         assert got < 1500 // 50
         assert not _helper_threads()
-        # a new iteration starts fresh workers and a fresh helper
+        # a new iteration starts fresh workers and a fresh helper, and goes on from
+        # the batch that was lost
         loader.dataset.at = -1
-        assert len(_take(loader)) == len(loader)
+        rest = _take(loader)
+        assert got + len(rest) == len(loader)
+        assert rest[0][1][0].item() == 50 * got

@@ -1,5 +1,6 @@
 """The input pipeline: sample order, worker pool, shared-memory slots, device prefetch,
-and a record store for millions of variable-length samples.
+a record store for millions of variable-length samples, and readers for the formats
+people have (image folders, WebDataset tar shards, Parquet; shards by URL).
 
 ``rt.data.Loader`` is the entry point; see ``docs/data.md`` for the design and the
 benchmark against ``torch.utils.data.DataLoader``.
@@ -9,15 +10,30 @@ from __future__ import annotations
 
 from ringtrain.data.autotune import CpuBudget, cpu_budget
 from ringtrain.data.collate import default_collate
+from ringtrain.data.decode import decode_image
+from ringtrain.data.imagefolder import ImageFolder
 from ringtrain.data.loader import Loader
-from ringtrain.data.order import EpochPlan, FeistelPermutation, epoch_batches
-from ringtrain.data.records import RecordDataset, RecordWriter
+from ringtrain.data.order import EpochPlan, FeistelPermutation, ShardPlan, epoch_batches
+from ringtrain.data.parquet import ParquetDataset
+from ringtrain.data.records import RecordDataset, RecordShards, RecordWriter
+from ringtrain.data.remote import ShardCache
+from ringtrain.data.shards import Shards, StreamShards
+from ringtrain.data.tar import TarShards
 from ringtrain.data.workers import WorkerInfo, get_worker_info
 
 __all__ = [
     "Loader",
     "RecordWriter",
     "RecordDataset",
+    "RecordShards",
+    "ImageFolder",
+    "TarShards",
+    "ParquetDataset",
+    "Shards",
+    "StreamShards",
+    "ShardCache",
+    "ShardPlan",
+    "decode_image",
     "default_collate",
     "get_worker_info",
     "WorkerInfo",

@@ -30,15 +30,20 @@ import numpy as np
 
 from ringtrain.data.ahead import Helper
 from ringtrain.data.collate import unpack
-from ringtrain.data.order import EpochPlan
+from ringtrain.data.order import EpochPlan, ShardPlan
 from ringtrain.data.prefetch import DeviceStager
+from ringtrain.data.protocol import Done, Failed, Oversize
 from ringtrain.data.shm import Slot, SlotPool
-from ringtrain.data.workers import BIG, ERR, OK, WorkerPool
+from ringtrain.data.window import DispatchWindow
+from ringtrain.data.workers import WorkerPool
 from ringtrain.errors import DataError, WorkerError
 
 __all__ = ["WorkerFeed"]
 
 log = logging.getLogger("ringtrain.data")
+
+#: A worker's answer to a task, as the feed keeps it until the loop takes the batch.
+Answer = Done | Oversize | Failed
 
 # Per-worker queue depth when a batch is at most this big (see WorkerFeed.prefetch).
 _SMALL_BATCH = 8 << 20
@@ -69,15 +74,9 @@ class WorkerFeed:
         self.copied_batches = 0
         self.fallback_batches = 0
         self.ahead_batches = 0  # batches the helper thread had wrapped before the loop asked
-        # The current plan owns task seqs [seq_base, seq_base + num_batches); older seqs
-        # are stale. The next epoch's plan, when known, is loaded into the seqs after it.
-        self._plan: EpochPlan | None = None
-        self._plan_id = 0
-        self._seq_base = self._seq_top = 0
-        self._dispatched = self._taken = 0
-        self._next_plan: EpochPlan | None = None
-        self._next_dispatched = 0
-        self._ready: dict[int, tuple] = {}
+        # Which batches go out next, under which seqs (see ringtrain.data.window).
+        self._window = DispatchWindow()
+        self._ready: dict[int, Answer] = {}  # seq -> answer, until the loop takes it
         # CPU delivery: batches wrapped ahead by the helper thread, (batch index, batch).
         # Every use of the feed's state from here on holds _lock (see ringtrain.data.ahead).
         self._lock = threading.Lock()
@@ -94,6 +93,22 @@ class WorkerFeed:
             return self._prefetch_arg
         small = self.slots is not None and 0 < self.slots.slot_bytes <= _SMALL_BATCH
         return max(2, (4 if small else 2) * self.num_workers)
+
+    @property
+    def slot_count(self) -> int:
+        """Shared-memory slots that exist now: at most ``prefetch + keep + 1``, plus
+        ``device_prefetch`` on CUDA."""
+        return 0 if self.slots is None else len(self.slots.slots)
+
+    @property
+    def slot_bytes(self) -> int:
+        """The size of a slot (0 before the first batch sized them)."""
+        return 0 if self.slots is None else self.slots.slot_bytes
+
+    @property
+    def pinned_slots(self) -> int:
+        """Slots page-locked for the device copy (CUDA)."""
+        return 0 if self.slots is None else sum(s.pinned for s in self.slots.slots.values())
 
     def _max_slots(self) -> int:
         return self.prefetch + self._keep + self._device_depth + 1
@@ -121,14 +136,15 @@ class WorkerFeed:
             self._resize_queues()
             return
         self.pool = WorkerPool(self._dataset, **self._worker_kwargs)
-        self.pool.describe = lambda seq: self.describe(seq - self._seq_base)
+        self.pool.describe = lambda seq: self.describe(self._window.batch_of(seq))
         self.slots = SlotPool(self._max_slots(), on_create=self._slot_created,
                               on_retire=self._slot_retired)
         self.refs.clear()
         self.pool.resize(num_workers)
         self._resize_queues()
 
-    def begin(self, plan: EpochPlan, next_plan: EpochPlan | None = None) -> None:
+    def begin(self, plan: EpochPlan | ShardPlan,
+              next_plan: EpochPlan | ShardPlan | None = None) -> None:
         """Deliver ``plan``'s batches from now on; ``next_plan`` is the likely next epoch.
 
         Batches of ``next_plan`` are loaded once every batch of ``plan`` has been
@@ -140,28 +156,19 @@ class WorkerFeed:
         with self._lock:
             self._begin(plan, next_plan)
 
-    def _begin(self, plan: EpochPlan, next_plan: EpochPlan | None) -> None:
-        if self._plan is not None and plan == self._next_plan:
-            self._seq_base += self._plan.num_batches  # adopt what was loaded ahead ...
-            self._drop_ready(lambda seq: seq < self._seq_base)  # ... drop what is left over
-            self._plan_id += 1
-            self._dispatched = self._next_dispatched
+    def _begin(self, plan: EpochPlan | ShardPlan, next_plan: EpochPlan | ShardPlan | None) -> None:
+        if self._window.begin(plan, next_plan):
+            self._drop_ready(self._window.is_stale)  # adopted: drop what is left over
         else:
-            self._abandon()
-            self._plan_id += 2  # never reuse the id a dropped next plan had
-            self._dispatched = 0
-        self._plan = plan
-        self._next_plan, self._next_dispatched = next_plan, 0
-        self._seq_top = max(self._seq_top, self._seq_base + plan.num_batches)
-        self._taken = 0
+            self._drop_ready(lambda seq: True)
         self._built.clear()
         self._build_k = 0
 
     def _drop_ready(self, stale: Callable[[int], bool]) -> None:
         for seq in [seq for seq in self._ready if stale(seq)]:
             msg = self._ready.pop(seq)
-            if msg[0] == OK and self.slots is not None:
-                self.slots.release(msg[2])
+            if type(msg) is Done and self.slots is not None:
+                self.slots.release(msg.slot_id)
         if self.stager is not None:
             self.stager.clear()  # staged batches belong to the plan that ended
 
@@ -173,18 +180,14 @@ class WorkerFeed:
     def _abandon(self) -> None:
         self._built.clear()
         self._drop_ready(lambda seq: True)
-        self._seq_base = self._seq_top  # everything dispatched so far is stale now
-        self._plan = self._next_plan = None
-        self._next_dispatched = 0
+        self._window.abandon()  # everything dispatched so far is stale now
 
     def fail(self) -> None:
         """After an error or Ctrl-C: stop the workers at once, nothing left behind."""
         self._helper.stop()  # first, and without the lock: the helper may be waiting for it
         self._built.clear()
         self._ready.clear()
-        self._seq_base = self._seq_top
-        self._plan = self._next_plan = None
-        self._next_dispatched = 0
+        self._window.abandon()
         if self.pool is not None:
             self.pool.close(timeout=0.5)  # a worker stuck in the dataset is terminated soon
         if self.stager is not None:
@@ -233,16 +236,16 @@ class WorkerFeed:
             self.slots.release(entry[1])
 
     # ---- delivery ----------------------------------------------------------------------
-    def peek(self, k: int) -> tuple | None:
+    def peek(self, k: int) -> Answer | None:
         """Batch ``k``'s answer if it has arrived (without waiting)."""
-        return self._ready.get(self._seq_base + k)
+        return self._ready.get(self._window.seq(k))
 
-    def take(self, k: int, timeout: float | None) -> tuple:
+    def take(self, k: int, timeout: float | None) -> Answer:
         """Wait for batch ``k``'s answer, dispatching work meanwhile."""
         pool = self.pool
         assert pool is not None
-        seq = self._seq_base + k
-        self._taken = max(self._taken, k)
+        seq = self._window.seq(k)
+        self._window.taking(k)
         deadline = None if timeout is None else time.monotonic() + timeout
         while seq not in self._ready:
             self._dispatch()
@@ -265,7 +268,7 @@ class WorkerFeed:
                     f"({self.describe(k)}); a dataset call may be hanging, or raise "
                     "Loader(timeout=...)")
         msg = self._ready.pop(seq)
-        self._taken = k + 1
+        self._window.took(k)
         self._dispatch()  # refill before the loop computes on this batch
         return msg
 
@@ -298,70 +301,50 @@ class WorkerFeed:
     def _help(self) -> None:
         """On the helper thread, under the lock: take what the workers sent, refill them,
         wrap the next batches if they are in. Errors are left for the loop to raise."""
-        pool, plan = self.pool, self._plan
+        pool, window = self.pool, self._window
+        plan = window.plan
         if pool is None or pool.closed or plan is None or self.slots is None:
             return
         for msg in pool.poll(0):
             self._accept(msg)
         while len(self._built) < _AHEAD and self._build_k < plan.num_batches:
             k = self._build_k
-            answer = self._ready.get(self._seq_base + k)
-            if answer is None or answer[0] == ERR:
+            answer = self._ready.get(window.seq(k))
+            if answer is None or type(answer) is Failed:
                 break
-            del self._ready[self._seq_base + k]
-            self._taken = k + 1
+            del self._ready[window.seq(k)]
+            window.took(k)
             self._built.append((k, self.host_batch(answer, device=False)[0]))
             self._build_k = k + 1
         self._dispatch()
 
-    def _next_task(self) -> tuple[EpochPlan, int, int, int] | None:
-        """(plan, plan id, batch, seq) of the next batch to load, if the window allows."""
-        plan = self._plan
-        assert plan is not None
-        if self._dispatched - self._taken + self._next_dispatched >= self.prefetch:
-            return None
-        if self._dispatched < plan.num_batches:
-            return plan, self._plan_id, self._dispatched, self._seq_base + self._dispatched
-        nxt = self._next_plan
-        if nxt is not None and self._next_dispatched < nxt.num_batches:
-            return (nxt, self._plan_id + 1, self._next_dispatched,
-                    self._seq_base + plan.num_batches + self._next_dispatched)
-        return None
-
     def _dispatch(self) -> None:
         """Hand out tasks while there are batches to do, free slots and idle workers."""
-        pool, slots, plan = self.pool, self.slots, self._plan
-        assert pool is not None and slots is not None and plan is not None
+        pool, slots, window = self.pool, self.slots, self._window
+        assert pool is not None and slots is not None and window.plan is not None
         if self.stager is not None:
             self.stager.reap()
+        prefetch = self.prefetch
         while True:
             worker = pool.pick()
             if worker is None:
                 break
-            free = self.prefetch - (self._dispatched - self._taken + self._next_dispatched)
-            room = min(free, pool.per_worker - len(worker.outstanding))
-            left = (plan.num_batches - self._dispatched + (
-                self._next_plan.num_batches - self._next_dispatched if self._next_plan else 0))
-            if room < 2 and worker.outstanding and left >= 2:
+            room = min(prefetch - window.out, pool.per_worker - len(worker.outstanding))
+            if room < 2 and worker.outstanding and window.left >= 2:
                 # Every worker has work queued. Waking an idle worker costs a context
                 # switch (~0.1 ms measured in a VM, 1% of a 10 ms step): send two tasks
                 # per wake-up instead of one.
                 break
             sent = 0
             while sent < max(1, room):
-                task = self._next_task()
+                task = window.next_task(prefetch)
                 if task is None:
                     break
                 slot = slots.acquire()
                 if slot is None and (slots.sized or len(pool.owner) >= len(pool.active)):
                     break  # all slots busy (unsized: one batch per worker sizes them)
-                task_plan, plan_id, batch, seq = task
-                pool.submit(worker, seq, plan_id, task_plan, batch, slot)
-                if task_plan is plan:
-                    self._dispatched += 1
-                else:
-                    self._next_dispatched += 1
-                    self._seq_top = max(self._seq_top, seq + 1)
+                pool.submit(worker, task.seq, task.plan_id, task.plan, task.batch, slot)
+                window.sent(task)
                 sent += 1
             if sent == 0:
                 break
@@ -369,43 +352,42 @@ class WorkerFeed:
             pool.forget_slots(slots.retired)
             slots.retired.clear()
 
-    def _accept(self, msg: tuple) -> None:
-        kind, seq, slot_id = msg[0], msg[1], msg[2]
+    def _accept(self, msg: Answer) -> None:
         slots = self.slots
         assert slots is not None
-        if kind == BIG:
+        if type(msg) is Oversize:
             self.fallback_batches += 1
-            slots.fit(msg[4], headroom=0.25 if slot_id >= 0 else 0.0)
+            slots.fit(msg.nbytes, headroom=0.25 if msg.slot_id >= 0 else 0.0)
             self._resize_queues()
-        if kind != OK and slot_id >= 0:
-            slots.release(slot_id)
-        if seq < self._seq_base:  # left over from an abandoned epoch
-            if kind == OK:
-                slots.release(slot_id)
+        if type(msg) is not Done and msg.slot_id >= 0:
+            slots.release(msg.slot_id)  # the batch is not in its slot: the slot is free
+        if self._window.is_stale(msg.seq):  # left over from an abandoned epoch
+            if type(msg) is Done:
+                slots.release(msg.slot_id)
             return
-        self._ready[seq] = msg
+        self._ready[msg.seq] = msg
 
-    def host_batch(self, msg: tuple, device: bool
+    def host_batch(self, msg: Answer, device: bool
                    ) -> tuple[Any, bool, Callable[[], None] | None]:
         """A worker's answer as a host batch: (batch, page-locked?, release callback)."""
-        kind = msg[0]
-        if kind == ERR:
-            raise WorkerError(msg[3])
-        if kind == BIG:
-            return unpack(msg[3], np.frombuffer(msg[5], dtype=np.uint8)), False, None
+        if type(msg) is Failed:
+            raise WorkerError(msg.message)
+        if type(msg) is Oversize:
+            assert msg.payload is not None
+            return unpack(msg.spec, np.frombuffer(msg.payload, dtype=np.uint8)), False, None
         slots = self.slots
-        assert kind == OK and slots is not None
-        slot = slots.slots[msg[2]]
+        assert type(msg) is Done and slots is not None
+        slot = slots.slots[msg.slot_id]
         raw = slot.fresh_array()
         if device:  # the stager copies it, then releases the slot after the copy event
-            return unpack(msg[3], raw), slot.pinned, partial(slots.release, slot.id)
+            return unpack(msg.spec, raw), slot.pinned, partial(slots.release, slot.id)
         # Batches wrapped ahead are not held by the loop (yet): they do not count.
         if not self._zero_copy or len(self.refs) - len(self._built) >= self._keep:
-            batch = unpack(msg[3], raw, copy=True)
+            batch = unpack(msg.spec, raw, copy=True)
             slots.release(slot.id)
             self.copied_batches += 1
             return batch, False, None
-        batch = unpack(msg[3], raw)
+        batch = unpack(msg.spec, raw)
         ref = weakref.ref(raw, self._on_drop)
         self.refs[id(ref)] = (ref, slot.id)
         return batch, False, None

@@ -2,9 +2,9 @@
 
 How a batch reaches the training loop with ``num_workers > 0``::
 
-    parent: pick batch k, a free slot s, an idle worker  --(TASK k, s)-->  worker
+    parent: pick batch k, a free slot s, an idle worker  --Task(k, s)-->  worker
     worker: indices = order(k); samples = dataset[...]; collate into slot s
-    worker  --(OK k, s, spec)-->  parent: batch = views of slot s (no copy)
+    worker  --Done(k, s, spec)-->  parent: batch = views of slot s (no copy)
     user drops the batch  ->  weak reference fires  ->  slot s is free again
 
 Batches are delivered in order and are safe to keep: a slot is only reused once
@@ -23,15 +23,17 @@ import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import numpy as np
 import torch
 
 from ringtrain import events
 from ringtrain.data.autotune import Autotuner, CpuBudget, cpu_budget, initial_workers
 from ringtrain.data.collate import fresh_alloc
 from ringtrain.data.feed import WorkerFeed
-from ringtrain.data.order import BatchIndexer, EpochPlan, epoch_batches
+from ringtrain.data.order import BatchIndexer, EpochPlan, ShardIndexer, ShardPlan, epoch_batches
 from ringtrain.data.prefetch import CudaBackend, DeviceStager, StagerBackend
-from ringtrain.data.workers import ERR, SampleError, load_batch
+from ringtrain.data.protocol import Failed
+from ringtrain.data.workers import SampleError, load_batch
 from ringtrain.errors import DataError
 
 __all__ = ["Loader"]
@@ -76,6 +78,29 @@ def _describer(loader_ref: weakref.ref) -> Callable[[int], str]:
     return describe
 
 
+def _check_kind(dataset: Any) -> bool:
+    """True for a sharded dataset, False for a map-style one; else a clear error."""
+    name = type(dataset).__name__
+    iterable = isinstance(dataset, torch.utils.data.IterableDataset)
+    if hasattr(dataset, "shard_sizes"):
+        if not (hasattr(dataset, "__getitems__") or hasattr(dataset, "__getitem__")):
+            raise DataError(f"the sharded dataset {name} has shard_sizes but no __getitems__ "
+                            "(or __getitem__) to read samples by index; see rt.data.Shards")
+        return True
+    if not iterable and hasattr(dataset, "__len__") and (hasattr(dataset, "__getitem__")
+                                                         or hasattr(dataset, "__getitems__")):
+        return False
+    if hasattr(dataset, "__iter__"):
+        raise DataError(
+            f"{name} is an iterable dataset without shards, not a map-style one: the loader "
+            "splits shards across ranks and workers and resumes by sample count, so it needs "
+            "them; wrap it as rt.data.StreamShards(shards, iterate) (iterate(shard) yields "
+            "that shard's samples), or read the data with rt.data.TarShards, ParquetDataset "
+            "or ImageFolder")
+    raise DataError(f"{name} is not a map-style dataset; give it __len__ and __getitem__ "
+                    "(or use a sharded dataset, see rt.data.Shards)")
+
+
 class _EpochIterator:
     __slots__ = ("_loader", "_gen")
 
@@ -86,6 +111,7 @@ class _EpochIterator:
         return self
 
     def __next__(self) -> Any:
+        events.check_stop()  # `ringtrain doctor` has its steps: leave before the next batch
         return self._loader._next(self._gen)
 
     def __len__(self) -> int:
@@ -97,11 +123,15 @@ class Loader:
     #: The loader reports its own data waits on the event bus, so
     #: ``rt.observe.instrument(loader)`` returns it unwrapped (no double counting).
     publishes_data_wait = True
-    """Batches of a map-style dataset, loaded by worker processes through shared memory.
+    """Batches of a map-style or sharded dataset, loaded by worker processes through
+    shared memory.
 
     Args:
         dataset: anything with ``__len__`` and ``__getitem__`` (``__getitems__(indices)``
-            is used when present, one call per batch).
+            is used when present, one call per batch); or a sharded dataset (it has
+            ``shard_sizes``: :class:`ringtrain.data.Shards`, ``TarShards``,
+            ``ParquetDataset``, ``RecordShards``, ``StreamShards``), whose shards are
+            split across ranks (:class:`ringtrain.data.order.ShardPlan`).
         batch_size: samples per batch on each rank.
         shuffle: a fresh pseudo-random order each epoch (a pure function of seed, epoch).
         seed: the order's and the workers' augmentation RNG seed.
@@ -137,10 +167,7 @@ class Loader:
                  seed_workers: bool = True, zero_copy: bool = True, keep: int = 4,
                  pin_memory: bool | None = None, device_prefetch: int = 2,
                  timeout: float | None = None, max_workers: int | None = None) -> None:
-        if not (hasattr(dataset, "__len__") and
-                (hasattr(dataset, "__getitem__") or hasattr(dataset, "__getitems__"))):
-            raise DataError(f"{type(dataset).__name__} is not a map-style dataset; give it "
-                            "__len__ and __getitem__ (iterable datasets are not supported)")
+        self._sharded = _check_kind(dataset)
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0:
             raise DataError(f"batch_size must be a positive int, got {batch_size!r}")
         if not isinstance(seed, int) or seed < 0:
@@ -196,12 +223,12 @@ class Loader:
         # -- epoch state --------------------------------------------------------------------
         self._epoch = 0
         self._start = 0  # global position the next iteration of this epoch starts at
-        self._plan: EpochPlan | None = None
+        self._plan: EpochPlan | ShardPlan | None = None
         self._gen = 0
         self._active = False
         self._yielded = 0
         self._staged = 0
-        self._indexer: BatchIndexer | None = None
+        self._indexer: BatchIndexer | ShardIndexer | None = None
         self._gap_from: float | None = None
 
         stager = DeviceStager(_make_backend(self.device)) if self._cuda else None
@@ -215,6 +242,8 @@ class Loader:
     # ---- public API -------------------------------------------------------------------
     def __len__(self) -> int:
         """Batches per full epoch on this rank (the same on every rank)."""
+        if self._sharded:
+            return self._make_plan(0, 0).num_batches
         _, world = self._shard()
         return epoch_batches(len(self.dataset), self.batch_size, world, self.drop_last)
 
@@ -233,27 +262,24 @@ class Loader:
     def __iter__(self) -> Iterator[Any]:
         if self._active:
             self._abandon()
-        rank, world = self._shard()
         self._check_dataset()
-        plan = EpochPlan(len(self.dataset), self.batch_size, world, rank, self.shuffle,
-                         self.seed, self._epoch, self.drop_last, start=self._start)
+        plan = self._make_plan(self._epoch, self._start)
         if plan.num_batches == 0 and plan.start == 0:
             raise DataError(
                 f"{plan.num_samples} samples give no batch of {self.batch_size} on each of "
-                f"{world} ranks with drop_last=True; lower batch_size or set drop_last=False")
+                f"{plan.world_size} ranks with drop_last=True; lower batch_size or set "
+                "drop_last=False")
         self._gen += 1
         self._plan = plan
         self._yielded = self._staged = 0
-        self._indexer = BatchIndexer(plan)
+        self._indexer = plan.indexer()
         self._gap_from = None
         self._active = True
         if self.num_workers > 0:
             self._feed.start(self.num_workers)
             # The epoch after this one, as it will be unless set_epoch/load_state_dict
             # say otherwise: its first batches load while this epoch ends.
-            following = EpochPlan(plan.num_samples, self.batch_size, world, rank, self.shuffle,
-                                  self.seed, self._epoch + 1, self.drop_last)
-            self._feed.begin(plan, following)
+            self._feed.begin(plan, self._make_plan(self._epoch + 1, 0))
         return _EpochIterator(self, self._gen)
 
     def state_dict(self) -> dict[str, Any]:
@@ -264,15 +290,22 @@ class Loader:
             epoch, position = self._epoch, self._start
         epoch, position = self._normalise(epoch, position)
         _, world = self._shard()
-        return {"version": _STATE_VERSION, "epoch": epoch, "position": position,
-                "seed": self.seed, "shuffle": self.shuffle, "num_samples": len(self.dataset),
-                "batch_size": self.batch_size, "world_size": world, "drop_last": self.drop_last}
+        state: dict[str, Any] = {
+            "version": _STATE_VERSION, "epoch": epoch, "position": position, "seed": self.seed,
+            "shuffle": self.shuffle, "num_samples": len(self.dataset),
+            "batch_size": self.batch_size, "world_size": world, "drop_last": self.drop_last}
+        if self._sharded:
+            # position: samples this rank has consumed of its range (see ShardPlan)
+            state["layout"] = "shards"
+            state["num_shards"] = len(self._shard_sizes())
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue exactly after the last batch the saved loop received.
 
-        The batch size and world size may differ from the saved run: the rest of the
-        epoch is re-sharded from the saved global position.
+        For a map-style dataset the batch size and world size may differ from the saved
+        run: the rest of the epoch is re-sharded from the saved global position. A
+        sharded dataset resumes mid-epoch with the same world size.
         """
         if not isinstance(state, dict) or state.get("version") != _STATE_VERSION:
             raise DataError(f"not a Loader state (version {_STATE_VERSION} expected): {state!r}")
@@ -281,6 +314,11 @@ class Loader:
             if state.get(key) != mine:
                 raise DataError(f"loader state was saved with {key}={state.get(key)!r} but this "
                                 f"loader has {key}={mine!r}; resume with the same dataset and seed")
+        if self._sharded:
+            self._check_shard_state(state)
+        elif state.get("layout", "samples") != "samples":
+            raise DataError(f"loader state is for a sharded dataset (layout "
+                            f"{state.get('layout')!r}) but this loader reads a map-style one")
         if self._active:
             self._abandon()
         self._epoch, self._start = self._normalise(int(state["epoch"]), int(state["position"]))
@@ -336,7 +374,9 @@ class Loader:
                 "last_h2d_s": self.last_h2d_s, "total_h2d_s": self.total_h2d_s,
                 "copied_batches": self.copied_batches,
                 "fallback_batches": self.fallback_batches,
-                "held_batches": len(self._feed.refs)}
+                "held_batches": len(self._feed.refs),
+                "slots": self._feed.slot_count, "slot_bytes": self._feed.slot_bytes,
+                "pinned_slots": self._feed.pinned_slots}
 
     # ---- set-up helpers -----------------------------------------------------------------
     def _check_dataset(self) -> None:
@@ -351,7 +391,42 @@ class Loader:
         rank, world, _ = _runtime_world()
         return rank, world
 
+    def _shard_sizes(self) -> tuple[int, ...]:
+        return tuple(int(n) for n in self.dataset.shard_sizes)
+
+    def _make_plan(self, epoch: int, start: int) -> EpochPlan | ShardPlan:
+        """The order of ``epoch`` from ``start`` on, for this rank."""
+        rank, world = self._shard()
+        if self._sharded:
+            return ShardPlan(self._shard_sizes(), self.batch_size, world, rank, self.shuffle,
+                             self.seed, epoch, self.drop_last, start=start,
+                             shuffle_within=bool(getattr(self.dataset, "random_access", True)))
+        return EpochPlan(len(self.dataset), self.batch_size, world, rank, self.shuffle,
+                         self.seed, epoch, self.drop_last, start=start)
+
+    def _check_shard_state(self, state: dict[str, Any]) -> None:
+        _, world = self._shard()
+        if state.get("layout") != "shards":
+            raise DataError("loader state is for a map-style dataset but this loader reads a "
+                            "sharded one; resume with the same dataset")
+        if state.get("num_shards") != len(self._shard_sizes()):
+            raise DataError(f"loader state was saved with {state.get('num_shards')} shards but "
+                            f"this dataset has {len(self._shard_sizes())}; resume with the same "
+                            "shards")
+        changed = [f"{key} {state.get(key)} -> {mine}" for key, mine in (
+            ("world_size", world), ("batch_size", self.batch_size)) if state.get(key) != mine
+            and (key == "world_size" or self.drop_last)]
+        if changed:
+            raise DataError("a sharded dataset resumes mid-epoch with the same world size "
+                            f"(and batch size with drop_last): {', '.join(changed)}; resume at "
+                            "an epoch boundary (set_epoch) to change them")
+
     def _normalise(self, epoch: int, position: int) -> tuple[int, int]:
+        if self._sharded:
+            rank, world = self._shard()
+            full = ShardPlan(self._shard_sizes(), self.batch_size, world, rank,
+                             drop_last=self.drop_last)
+            return (epoch + 1, 0) if position >= full.range_len else (epoch, position)
         n = len(self.dataset)
         _, world = self._shard()
         left = n - position
@@ -363,9 +438,15 @@ class Loader:
         plan = self._plan
         if plan is None or not 0 <= k < plan.num_batches:
             return f"batch {k}"
-        idx = BatchIndexer(plan)(k).tolist()
+        idx = plan.indexer()(k).tolist()
         shown = idx if len(idx) <= 16 else [*idx[:16], "..."]
-        return f"batch {k} of epoch {plan.epoch} (sample indices {shown})"
+        where = ""
+        names = getattr(self.dataset, "shard_names", None)
+        if self._sharded and names:
+            starts = np.cumsum(self._shard_sizes())
+            shards = sorted({int(np.searchsorted(starts, i, side="right")) for i in idx})
+            where = "; shards " + ", ".join(names[s] for s in shards[:4])
+        return f"batch {k} of epoch {plan.epoch} (sample indices {shown}{where})"
 
     def _set_workers(self, n: int) -> None:
         self.num_workers = n
@@ -392,7 +473,13 @@ class Loader:
             else:
                 batch = self._load_here(self._yielded, pinned=False)
         except BaseException:
-            self._gen += 1  # this iteration is over; iterating again starts fresh workers
+            # This iteration is over. Iterating again starts fresh workers and goes on
+            # right after the last batch handed out (as a resume from state_dict() would):
+            # the batches before it were trained on already.
+            self._gen += 1
+            self._active = False
+            self._epoch, self._start = self._normalise(plan.epoch,
+                                                       plan.position_after(self._yielded))
             self._feed.fail()
             raise
         t1 = time.perf_counter()
@@ -434,7 +521,7 @@ class Loader:
             j = self._staged
             if j != k:
                 ahead = self._feed.peek(j) if self.num_workers else None
-                if ahead is None or ahead[0] == ERR:
+                if ahead is None or type(ahead) is Failed:
                     break  # never wait for (or fail on) a batch the loop does not need yet
             if self.num_workers == 0:
                 pinned = self._pin and self.collate_fn is None  # a collate_fn allocates its own

@@ -26,13 +26,14 @@ starts a new plan at that position, with any world size, and costs O(1).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from ringtrain.errors import DataError
 
-__all__ = ["FeistelPermutation", "EpochPlan", "BatchIndexer", "epoch_batches", "batch_seed"]
+__all__ = ["FeistelPermutation", "EpochPlan", "BatchIndexer", "ShardPlan", "ShardIndexer",
+           "epoch_batches", "batch_seed"]
 
 _M64 = np.uint64(0xFFFFFFFFFFFFFFFF)
 _C1 = np.uint64(0xBF58476D1CE4E5B9)  # splitmix64 finaliser constants (Steele et al. 2014)
@@ -58,7 +59,8 @@ class FeistelPermutation:
 
     __slots__ = ("n", "_half", "_mask", "_keys")
 
-    def __init__(self, n: int, seed: int, epoch: int, rounds: int = 6) -> None:
+    def __init__(self, n: int, seed: int, epoch: int, rounds: int = 6,
+                 stream: int | None = None) -> None:
         if n <= 0:
             raise DataError(f"cannot permute an empty range (n={n})")
         self.n = int(n)
@@ -67,7 +69,11 @@ class FeistelPermutation:
         self._half = np.uint64(bits // 2)
         self._mask = np.uint64((1 << (bits // 2)) - 1)
         # SeedSequence is stable across numpy versions and mixes (seed, epoch) fully.
-        ss = np.random.SeedSequence([int(seed), int(epoch), 0x52494E47])  # "RING"
+        # ``stream`` tells apart permutations of one epoch (a shard's samples).
+        entropy = [int(seed), int(epoch), 0x52494E47]  # "RING"
+        if stream is not None:
+            entropy.append(int(stream))
+        ss = np.random.SeedSequence(entropy)
         self._keys = ss.generate_state(rounds, dtype=np.uint64)
 
     def _encrypt(self, x: np.ndarray) -> np.ndarray:
@@ -173,6 +179,15 @@ class EpochPlan:
         """Global position reached once every rank has consumed ``batches`` batches."""
         return min(self.num_samples, self.start + batches * self.batch_size * self.world_size)
 
+    def indexer(self) -> BatchIndexer:
+        """``indexer(batch) -> dataset indices``, computed a chunk of batches at a time."""
+        return BatchIndexer(self)
+
+    def batch_seed(self, batch: int) -> int:
+        """The augmentation RNG seed of batch ``batch`` (see :func:`batch_seed`)."""
+        return batch_seed(self.seed, self.epoch, self.rank,
+                          self.start + batch * self.batch_size * self.world_size)
+
 
 class BatchIndexer:
     """Indices of a plan's batches, computed a chunk of consecutive batches at a time.
@@ -212,3 +227,154 @@ def batch_seed(seed: int, epoch: int, rank: int, position: int) -> int:
     x = _mix64(x ^ np.uint64((rank << 40) ^ position))
     return int(_mix64(x)[0] >> np.uint64(1))
 
+
+
+# ---- sharded datasets ----------------------------------------------------------------
+@dataclass(frozen=True)
+class ShardPlan:
+    """The order of one epoch of a sharded dataset (or of its rest, from ``start``).
+
+    Shards are read whole and in place, so the split keeps each rank on a few shards
+    (a remote shard is downloaded by one rank, not by all of them):
+
+    * the epoch's shard order is a keyed permutation of the shards (identity without
+      ``shuffle``), and with ``shuffle`` the samples of each shard are permuted too,
+      keyed by (seed, epoch, shard);
+    * the shards, in that order, form a stream of N samples, cut into ``W`` contiguous
+      equal ranges, one per rank: rank ``r`` reads positions ``[r*L, (r+1)*L)``. So a
+      rank reads about ``S/W`` whole shards plus at most two partial ones at its ends,
+      whatever ``S mod W`` is: shard counts that do not divide evenly are split by
+      sample count, with no duplicates and no drops;
+    * ``drop_last=False``: ``L = ceil(N/W)``; positions past ``N`` wrap around to the
+      start of the stream (padding: fewer than ``W`` samples in all), and each rank's
+      last batch may be short. ``drop_last=True``: ``L`` is ``N // W`` rounded down to
+      whole batches; the tail of the stream past ``W*L`` is dropped.
+
+    Every rank gets the same number of batches. ``start`` counts the samples each rank
+    has consumed of its range, so "k batches done" is ``start = k * batch_size``: a
+    resume needs the same world size, and continues inside a shard by sample count.
+    """
+
+    shard_sizes: tuple[int, ...]
+    batch_size: int
+    world_size: int = 1
+    rank: int = 0
+    shuffle: bool = True
+    seed: int = 0
+    epoch: int = 0
+    drop_last: bool = False
+    start: int = 0
+    shuffle_within: bool = True  # False for shards that can only be read in order
+    _n: int = field(init=False, repr=False, compare=False, default=0)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_n", int(sum(self.shard_sizes)))
+        if not self.shard_sizes or min(self.shard_sizes) < 0 or self._n == 0:
+            raise DataError(f"a sharded dataset needs shards with samples, got sizes "
+                            f"{list(self.shard_sizes)[:8]}")
+        if self.batch_size <= 0:
+            raise DataError(f"batch_size must be >= 1, got {self.batch_size}")
+        if self.world_size <= 0 or not 0 <= self.rank < self.world_size:
+            raise DataError(f"rank {self.rank} is not in a world of {self.world_size}; "
+                            "pass 0 <= rank < world_size")
+        if self.seed < 0 or self.epoch < 0:
+            raise DataError(f"seed and epoch must be >= 0, got seed={self.seed} epoch={self.epoch}")
+        if not 0 <= self.start <= self.range_len:
+            raise DataError(f"start {self.start} is outside this rank's range of "
+                            f"{self.range_len} samples")
+
+    # ---- sizes -------------------------------------------------------------------
+    @property
+    def num_samples(self) -> int:
+        return self._n
+
+    @property
+    def range_len(self) -> int:
+        """Stream positions each rank owns in a full epoch (padding included)."""
+        n, w, b = self.num_samples, self.world_size, self.batch_size
+        return (n // w) // b * b if self.drop_last else -(-n // w)
+
+    @property
+    def per_rank(self) -> int:
+        """Positions this rank has left from ``start`` on."""
+        return self.range_len - self.start
+
+    @property
+    def num_batches(self) -> int:
+        return -(-self.per_rank // self.batch_size)
+
+    def batch_len(self, batch: int) -> int:
+        return min(self.batch_size, self.per_rank - batch * self.batch_size)
+
+    def position_after(self, batches: int) -> int:
+        """This rank's samples consumed (from its range's start) after ``batches`` more."""
+        return min(self.range_len, self.start + batches * self.batch_size)
+
+    # ---- order -------------------------------------------------------------------
+    def shard_order(self) -> np.ndarray:
+        """Shard ids in this epoch's reading order."""
+        s = len(self.shard_sizes)
+        if not self.shuffle or s == 1:
+            return np.arange(s, dtype=np.int64)
+        return FeistelPermutation(s, self.seed, self.epoch)(np.arange(s))
+
+    def indexer(self) -> ShardIndexer:
+        return ShardIndexer(self)
+
+    def batch_seed(self, batch: int) -> int:
+        return batch_seed(self.seed, self.epoch, self.rank, self.start + batch * self.batch_size)
+
+
+class ShardIndexer:
+    """Dataset indices of a :class:`ShardPlan`'s batches (vectorised, O(shards) memory).
+
+    A dataset index is ``shard_start[s] + i``: sample ``i`` of shard ``s``, shards
+    numbered in the dataset's own order.
+    """
+
+    def __init__(self, plan: ShardPlan) -> None:
+        self.plan = plan
+        sizes = np.asarray(plan.shard_sizes, dtype=np.int64)
+        self._starts = np.concatenate([[0], np.cumsum(sizes)])  # dataset order
+        self._order = plan.shard_order()
+        ordered = sizes[self._order]
+        self._stream = np.concatenate([[0], np.cumsum(ordered)])  # epoch order
+        self._range0 = plan.rank * plan.range_len + plan.start
+        self._perms: dict[int, FeistelPermutation] = {}
+
+    def _perm(self, shard: int) -> FeistelPermutation:
+        perm = self._perms.get(shard)
+        if perm is None:
+            if len(self._perms) > 64:
+                self._perms.clear()
+            plan = self.plan
+            perm = FeistelPermutation(plan.shard_sizes[shard], plan.seed, plan.epoch,
+                                      stream=shard)
+            self._perms[shard] = perm
+        return perm
+
+    def positions(self, batch: int) -> np.ndarray:
+        """Stream positions (after wrap-around) of batch ``batch``."""
+        plan = self.plan
+        if not 0 <= batch < plan.num_batches:
+            raise IndexError(f"batch {batch} outside [0, {plan.num_batches})")
+        lo = self._range0 + batch * plan.batch_size
+        return np.arange(lo, lo + plan.batch_len(batch), dtype=np.int64) % plan.num_samples
+
+    def locate(self, batch: int) -> tuple[np.ndarray, np.ndarray]:
+        """(shard ids, sample numbers within the shard) of batch ``batch``."""
+        pos = self.positions(batch)
+        j = np.searchsorted(self._stream, pos, side="right") - 1
+        shards = self._order[j]
+        within = pos - self._stream[j]
+        plan = self.plan
+        if plan.shuffle and plan.shuffle_within:
+            for s in np.unique(shards).tolist():
+                if plan.shard_sizes[s] > 1:
+                    sel = shards == s
+                    within[sel] = self._perm(s)(within[sel])
+        return shards, within
+
+    def __call__(self, batch: int) -> np.ndarray:
+        shards, within = self.locate(batch)
+        return self._starts[shards] + within

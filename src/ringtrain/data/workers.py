@@ -1,25 +1,19 @@
 """Loader worker processes and the training process's handle on them.
 
-Protocol (small tuples over one duplex socket per worker; array data never crosses
-it except on the rare fallback path):
-
-parent -> worker                              worker -> parent
-  (TASK, seq, plan_id, batch, slot_id)          (OK, seq, slot_id, spec)
-  (PLAN, plan_id, EpochPlan)  once per epoch    (BIG, seq, slot_id, spec, nbytes) + bytes
-  (MAP, slot_id, size) + descriptor, once       (ERR, seq, slot_id, message)
-  (UNMAP, slot_id) / (STOP,)
-
-A worker computes the indices of its batch itself from the plan, loads the samples,
-collates them straight into the slot and answers with the slot id and a spec of the
-fields. ``BIG`` carries a batch that did not fit its slot (or came before slots were
-sized) as raw bytes, so variable shapes still work.
+The messages (one NamedTuple each, small, over one duplex socket per worker; array
+data never crosses it except on the rare fallback path) are in
+:mod:`ringtrain.data.protocol`. A worker computes the indices of its batch itself
+from the plan, loads the samples, collates them straight into the slot and answers
+with the slot id and a spec of the fields (``Done``). ``Oversize`` carries a batch
+that did not fit its slot (or came before slots were sized) as raw bytes, so
+variable shapes still work.
 
 Start method: ``fork`` where available, like torch's DataLoader on Linux: start-up is
 milliseconds and the dataset is shared copy-on-write. The parent of a loader starts
-no threads of its own (no pin-memory thread: slots are page-locked in place), so
-fork is safe here; pass ``start_method="forkserver"`` or ``"spawn"`` when *your*
-process runs threads that hold locks at fork time (dataset and collate_fn must then
-be picklable).
+no threads of its own while it forks (the helper thread is stopped first; no
+pin-memory thread: slots are page-locked in place), so fork is safe here; pass
+``start_method="forkserver"`` or ``"spawn"`` when *your* process runs threads that
+hold locks at fork time (dataset and collate_fn must then be picklable).
 """
 
 from __future__ import annotations
@@ -36,7 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from multiprocessing.reduction import recv_handle, send_handle
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -53,17 +47,26 @@ from ringtrain.data.collate import (
     sample_nbytes,
     spec_nbytes,
 )
-from ringtrain.data.order import BatchIndexer, EpochPlan, batch_seed
+from ringtrain.data.order import BatchIndexer, EpochPlan, ShardIndexer, ShardPlan
+from ringtrain.data.protocol import (
+    Done,
+    Failed,
+    InitFailed,
+    MapSlot,
+    Oversize,
+    Plan,
+    Stop,
+    Task,
+    UnmapSlot,
+    decode,
+    encode,
+)
 from ringtrain.data.shm import Slot, WorkerSlots
 from ringtrain.errors import DataError, WorkerDiedError, WorkerError
 
-__all__ = ["WorkerInfo", "get_worker_info", "WorkerPool", "fetch", "load_batch", "SampleError",
-           "TASK", "OK", "BIG", "ERR"]
+__all__ = ["WorkerInfo", "get_worker_info", "WorkerPool", "fetch", "load_batch", "SampleError"]
 
 log = logging.getLogger("ringtrain.data")
-
-TASK, PLAN, MAP, UNMAP, STOP = 0, 1, 2, 3, 4
-OK, BIG, ERR = 0, 1, 2
 
 
 @dataclass(frozen=True)
@@ -169,13 +172,13 @@ def _worker_main(wid: int, num_workers: int, conn: Connection, dataset: Any,
             pass
     _WORKER_INFO = WorkerInfo(wid, num_workers, seed, dataset)
     slots = WorkerSlots()
-    indexers: dict[int, BatchIndexer] = {}
+    indexers: dict[int, BatchIndexer | ShardIndexer] = {}
     if worker_init_fn is not None:
         try:
             worker_init_fn(wid)
         except Exception:
-            conn.send((ERR, -1, -1, f"{_who()}: worker_init_fn raised:\n"
-                       + traceback.format_exc().rstrip()))
+            conn.send(encode(InitFailed(f"{_who()}: worker_init_fn raised:\n"
+                                        + traceback.format_exc().rstrip())))
             return
     readable = select.poll()  # Connection.poll would build a selector per message
     readable.register(conn.fileno(), select.POLLIN)
@@ -185,34 +188,37 @@ def _worker_main(wid: int, num_workers: int, conn: Connection, dataset: Any,
                 return  # the training process is gone: exit instead of lingering
             continue
         try:
-            msg = conn.recv()
+            msg = decode(conn.recv())
         except (EOFError, OSError):
             return
-        kind = msg[0]
-        if kind == TASK:
-            _, seq, plan_id, batch, slot_id = msg
-            _run_task(conn, seq, indexers[plan_id], batch, slot_id, slots, dataset,
-                      collate_fn, seed_batches)
-        elif kind == PLAN:
-            indexers = {k: v for k, v in indexers.items() if k >= msg[1] - 1}
-            indexers[msg[1]] = BatchIndexer(msg[2])
-        elif kind == MAP:
-            slots.add(msg[1], recv_handle(conn), msg[2])
-        elif kind == UNMAP:
-            slots.drop(msg[1])
-        else:
+        if type(msg) is Task:
+            _run_task(conn, msg.seq, indexers[msg.plan_id], msg.batch, msg.slot_id, slots,
+                      dataset, collate_fn, seed_batches)
+        elif type(msg) is Plan:
+            # Tasks of the plan before this one may still be queued: keep its indexer.
+            indexers = {k: v for k, v in indexers.items() if k >= msg.plan_id - 1}
+            indexers[msg.plan_id] = _indexer(msg.plan)
+        elif type(msg) is MapSlot:
+            slots.add(msg.slot_id, recv_handle(conn), msg.size)
+        elif type(msg) is UnmapSlot:
+            slots.drop(msg.slot_id)
+        else:  # Stop
             slots.close()
             return
 
 
-def _run_task(conn: Connection, seq: int, indexer: BatchIndexer, batch: int, slot_id: int,
-              slots: WorkerSlots, dataset: Any, collate_fn: Callable[[list[Any]], Any] | None,
-              seed_batches: bool) -> None:
+def _indexer(plan: EpochPlan | ShardPlan) -> BatchIndexer | ShardIndexer:
+    """``indexer(batch) -> sample indices`` of a plan."""
+    return plan.indexer()
+
+
+def _run_task(conn: Connection, seq: int, indexer: BatchIndexer | ShardIndexer, batch: int,
+              slot_id: int, slots: WorkerSlots, dataset: Any,
+              collate_fn: Callable[[list[Any]], Any] | None, seed_batches: bool) -> None:
     plan = indexer.plan
     try:
         indices = indexer(batch)
-        seed = batch_seed(plan.seed, plan.epoch, plan.rank,
-                          plan.start + batch * plan.batch_size * plan.world_size)
+        seed = plan.batch_seed(batch)
         if seed_batches:
             _seed_batch(seed)
         out: Any = None
@@ -220,7 +226,7 @@ def _run_task(conn: Connection, seq: int, indexer: BatchIndexer, batch: int, slo
             arena = Arena(slots.array(slot_id))
             try:
                 out = load_batch(dataset, indices, collate_fn, arena.alloc)
-                conn.send((OK, seq, slot_id, pack(out, arena)))
+                conn.send(encode(Done(seq, slot_id, pack(out, arena))))
                 return
             except SlotFull:
                 pass  # too big for the slot: send it whole, the parent grows the slots
@@ -232,19 +238,20 @@ def _run_task(conn: Connection, seq: int, indexer: BatchIndexer, batch: int, slo
             out = load_batch(dataset, indices, collate_fn, fresh_alloc)
         arena = Arena(np.empty(spec_nbytes(out), dtype=np.uint8))
         spec = pack(out, arena)
-        conn.send((BIG, seq, slot_id, spec, arena.used))
+        conn.send(encode(Oversize(seq, slot_id, spec, arena.used)))
         conn.send_bytes(arena.buf[:arena.used].data)
     except SampleError as err:
         cause = err.__cause__ or err
         where = (f"sample index {err.index}" if isinstance(err.index, int)
                  else f"__getitems__ for sample indices {_short(err.index)}")
-        conn.send((ERR, seq, slot_id, f"{_who()} raised {type(cause).__name__} at {where} "
-                   f"(batch {batch} of epoch {plan.epoch}):\n"
-                   + "".join(traceback.format_exception(cause)).rstrip()))
+        conn.send(encode(Failed(seq, slot_id, f"{_who()} raised {type(cause).__name__} at "
+                                f"{where} (batch {batch} of epoch {plan.epoch}):\n"
+                                + "".join(traceback.format_exception(cause)).rstrip())))
     except Exception as err:
-        conn.send((ERR, seq, slot_id, f"{_who()} raised {type(err).__name__} while collating "
-                   f"sample indices {_short(indexer(batch).tolist())} (batch {batch} of epoch "
-                   f"{plan.epoch}):\n" + traceback.format_exc().rstrip()))
+        conn.send(encode(Failed(seq, slot_id, f"{_who()} raised {type(err).__name__} while "
+                                f"collating sample indices {_short(indexer(batch).tolist())} "
+                                f"(batch {batch} of epoch {plan.epoch}):\n"
+                                + traceback.format_exc().rstrip())))
 
 
 def _who() -> str:
@@ -333,7 +340,7 @@ class WorkerPool:
     def _stop_if_idle(self, w: _Worker) -> None:
         if w.retiring and not w.outstanding:
             try:
-                w.conn.send((STOP,))
+                w.conn.send(encode(Stop()))
             except OSError:
                 pass
 
@@ -347,17 +354,17 @@ class WorkerPool:
                 best = w
         return best
 
-    def submit(self, w: _Worker, seq: int, plan_id: int, plan: EpochPlan, batch: int,
+    def submit(self, w: _Worker, seq: int, plan_id: int, plan: EpochPlan | ShardPlan, batch: int,
                slot: Slot | None) -> None:
         try:
             if plan_id not in w.plans:
-                w.conn.send((PLAN, plan_id, plan))
+                w.conn.send(encode(Plan(plan_id, plan)))
                 w.plans.add(plan_id)
             if slot is not None and slot.id not in w.slots:
-                w.conn.send((MAP, slot.id, slot.size))
+                w.conn.send(encode(MapSlot(slot.id, slot.size)))
                 send_handle(w.conn, slot.fd, w.proc.pid)
                 w.slots.add(slot.id)
-            w.conn.send((TASK, seq, plan_id, batch, -1 if slot is None else slot.id))
+            w.conn.send(encode(Task(seq, plan_id, batch, -1 if slot is None else slot.id)))
         except OSError:
             self._raise_died(w, seq)
         w.outstanding.add(seq)
@@ -370,7 +377,7 @@ class WorkerPool:
                 if sid in w.slots:
                     w.slots.discard(sid)
                     try:
-                        w.conn.send((UNMAP, sid))
+                        w.conn.send(encode(UnmapSlot(sid)))
                     except OSError:
                         pass
 
@@ -387,11 +394,12 @@ class WorkerPool:
                     self._poll_map[fd] = w
         return self._poll_obj
 
-    def poll(self, timeout: float | None) -> list[tuple]:
-        """Messages from the workers within ``timeout`` s; raises if one died."""
+    def poll(self, timeout: float | None) -> list[Done | Oversize | Failed]:
+        """Answers from the workers within ``timeout`` s; raises if one died (or its
+        ``worker_init_fn`` failed)."""
         poller = self._poller()
         events = poller.poll(None if timeout is None else int(timeout * 1000))
-        out: list[tuple] = []
+        out: list[Done | Oversize | Failed] = []
         exited = []
         for fd, _ in events:
             w = self._poll_map.get(fd)
@@ -407,18 +415,19 @@ class WorkerPool:
                 self._exited(w)
         return out
 
-    def _drain(self, w: _Worker, out: list[tuple]) -> None:
+    def _drain(self, w: _Worker, out: list[Done | Oversize | Failed]) -> None:
         try:
             while w.readable.poll(0):
-                msg = w.conn.recv()
-                if msg[0] == BIG:
-                    buf = bytearray(msg[4])
+                msg = cast("Done | Oversize | Failed | InitFailed", decode(w.conn.recv()))
+                if type(msg) is InitFailed:
+                    raise WorkerError(msg.message)
+                if type(msg) is Oversize:
+                    buf = bytearray(msg.nbytes)
                     w.conn.recv_bytes_into(buf)
-                    msg = (*msg, buf)
-                if msg[1] == -1:  # worker_init_fn failed
-                    raise WorkerError(msg[3])
-                w.outstanding.discard(msg[1])
-                self.owner.pop(msg[1], None)
+                    msg = msg._replace(payload=buf)
+                msg = cast("Done | Oversize | Failed", msg)
+                w.outstanding.discard(msg.seq)
+                self.owner.pop(msg.seq, None)
                 out.append(msg)
         except (EOFError, OSError):
             pass  # the sentinel reports the death
@@ -458,7 +467,7 @@ class WorkerPool:
         self.closed = True
         for w in self.workers:
             try:
-                w.conn.send((STOP,))
+                w.conn.send(encode(Stop()))
             except OSError:
                 pass
         deadline = time.monotonic() + timeout
