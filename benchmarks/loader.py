@@ -143,7 +143,7 @@ def _write_store(directory: str, n: int) -> None:
             lengths = rng.integers(8, 40, min(1_000_000, n - first))
             blob = rng.integers(0, 256, int(lengths.sum()), dtype=np.uint8).tobytes()
             ends = np.cumsum(lengths).tolist()
-            for a, b in zip([0, *ends[:-1]], ends):
+            for a, b in zip([0, *ends[:-1]], ends, strict=False):
                 writer.write(blob[a:b])
 
 
@@ -192,7 +192,7 @@ def records_memory(n: int, samples: int, naive: bool) -> dict[str, Any]:
                                    for a in after],
                 "worker_private_growth_mib": [
                     (a["Private_Dirty"] - b["Private_Dirty"]) / 2**20
-                    for a, b in zip(after, before)],
+                    for a, b in zip(after, before, strict=False)],
             }
             print(f"  records  {name:14s} {json.dumps(out[name])}", flush=True)
             del loader, it, ds
@@ -244,7 +244,7 @@ def measure(make: Callable[[], Iterable[Any]], epochs: int, step_s: float = 0.0
                 busy += time.perf_counter() - t_step
     wall = time.perf_counter() - start
     own = time.process_time() - own0
-    workers = sum(_cpu_s(p) - c for p, c in zip(pids, cpu0))
+    workers = sum(_cpu_s(p) - c for p, c in zip(pids, cpu0, strict=False))
     close = getattr(loader, "close", None)
     if close is not None:
         close()

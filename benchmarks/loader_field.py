@@ -732,7 +732,7 @@ def memory(samples: int, workers: int) -> dict[str, Any]:
             marks["end"] = [_uss_mib(p) for p in loader.worker_pids]
             out[label] = {"uss_mib_at_10pct": marks["early"], "uss_mib_at_50pct": marks["half"],
                           "uss_mib_at_end": marks["end"],
-                          "growth_mib": [b - a for a, b in zip(marks["early"], marks["end"])],
+                          "growth_mib": [b - a for a, b in zip(marks["early"], marks["end"], strict=False)],
                           "samples_per_s": seen / (time.perf_counter() - t0)}
             print(f"  memory {label:42s} {json.dumps(out[label])}", flush=True)
             loader.close()

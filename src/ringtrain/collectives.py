@@ -253,7 +253,7 @@ def allgather(tensor: torch.Tensor, name: str | None = None) -> torch.Tensor:
         dist.all_gather(parts, t)
     except RuntimeError as exc:
         raise _fail("allgather", name, tensor, exc) from exc
-    return torch.cat([p[:s] for p, s in zip(parts, sizes)]).to(tensor.device)
+    return torch.cat([p[:s] for p, s in zip(parts, sizes, strict=False)]).to(tensor.device)
 
 
 def broadcast_(tensor: torch.Tensor, root_rank: int = 0, name: str | None = None) -> torch.Tensor:

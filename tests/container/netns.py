@@ -37,7 +37,7 @@ def up() -> None:
         _ip("link", "add", BRIDGE, "type", "bridge")
         _ip("addr", "add", f"{NET}.1/24", "dev", BRIDGE)
         _ip("link", "set", BRIDGE, "up")
-        for ns, addr in zip(NAMESPACES, ADDRS):
+        for ns, addr in zip(NAMESPACES, ADDRS, strict=False):
             _ip("netns", "add", ns)
             _ip("-n", ns, "link", "set", "lo", "up")
             _ip("link", "add", f"{ns}-br", "type", "veth", "peer", "name", f"{ns}-in")

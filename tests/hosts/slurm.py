@@ -60,7 +60,7 @@ def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
 def _conf(state: Path) -> str:
     host = socket.gethostname().split(".")[0]
     nodes = "\n".join(f"NodeName={n} NodeAddr={a} CPUs={CPUS_PER_NODE} State=UNKNOWN"
-                      for n, a in zip(NODES, ADDRS))
+                      for n, a in zip(NODES, ADDRS, strict=False))
     return f"""# Written by tests/hosts/slurm.py: a two-node test cluster on network namespaces.
 ClusterName=ringtest
 SlurmctldHost={host}({NET}.1)
@@ -200,11 +200,11 @@ def _namespaces() -> None:
             pass
     listed = _ip("netns", "list", check=False).stdout.split()
     me = socket.gethostname()
-    for ns, addr in zip(NAMESPACES, ADDRS):
+    for ns, addr in zip(NAMESPACES, ADDRS, strict=False):
         # Each node's own host name resolves to its address, as on a cluster node (Gloo
         # binds what the host name resolves to when nothing names an interface).
         hosts = "127.0.0.1 localhost\n::1 localhost\n" + "".join(
-            f"{a} {n}{' ' + me if a == addr else ''}\n" for a, n in zip(ADDRS, NODES))
+            f"{a} {n}{' ' + me if a == addr else ''}\n" for a, n in zip(ADDRS, NODES, strict=False))
         if ns not in listed:
             _ip("netns", "add", ns)
         _ip("-n", ns, "link", "set", "lo", "up")

@@ -170,7 +170,7 @@ def test_ringrun_across_two_containers_over_their_sshd(built: Built, two_hosts: 
     mount = (f"{keys}:/etc/ringtrain/ssh:ro",)
     sshds = []
     try:
-        for i, (ns, addr) in enumerate(zip(netns.NAMESPACES, netns.ADDRS), start=1):
+        for i, (ns, addr) in enumerate(zip(netns.NAMESPACES, netns.ADDRS, strict=True), start=1):
             name = built.images.container(built.image, f"rt-host{i}")
             log = tmp_path / f"sshd{i}.log"
             argv = built.images.run_argv(name, "ringtrain-sshd", "-o", f"ListenAddress={addr}",

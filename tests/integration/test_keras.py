@@ -62,7 +62,7 @@ def _equivalence(rt: Any, rtk: Any, keras: Any, passes: int, kind: str) -> dict[
     x, y = _global_data(N * STEPS * B)
     initial = [w.copy() for w in _dense_model(keras, seed=0).get_weights()]  # rank 0's start
     model = _dense_model(keras, seed=rt.rank())  # differs on purpose: broadcast must fix it
-    started_different = any(not np.array_equal(a, b) for a, b in zip(initial, model.get_weights()))
+    started_different = any(not np.array_equal(a, b) for a, b in zip(initial, model.get_weights(), strict=True))
     # The reference's loss is the mean over N*passes*B rows: average the summed passes.
     opt = rtk.DistributedOptimizer(_make_optimizer(keras, kind), backward_passes_per_step=passes,
                                    average_aggregated_gradients=passes > 1)
@@ -230,7 +230,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
 
 def _assert_weights_close(got: list[np.ndarray], want: list[np.ndarray], atol: float = 1e-5) -> None:
     assert len(got) == len(want)
-    for a, b in zip(got, want):
+    for a, b in zip(got, want, strict=True):
         np.testing.assert_allclose(a, b, atol=atol, rtol=1e-5)
 
 
@@ -272,7 +272,7 @@ def test_warmup_ramps_from_lr_over_size_to_lr(world: list[dict[str, Any]]) -> No
         want = 0.1 * (1 / N + (1 - 1 / N) * min(step, warmup_steps) / warmup_steps)
         assert lr == pytest.approx(want, rel=1e-6), (epoch, batch)
     # Momentum correction: momentum x new/old for the step where the rate changes...
-    for (_, _, lr_prev, _), (_, _, lr, momentum) in zip(seen[1:warmup_steps], seen[2:warmup_steps + 1]):
+    for (_, _, lr_prev, _), (_, _, lr, momentum) in zip(seen[1:warmup_steps], seen[2:warmup_steps + 1], strict=True):
         assert momentum == pytest.approx(0.9 * lr / lr_prev, rel=1e-6)
     assert seen[-1][3] == pytest.approx(0.9)  # ...and untouched once the rate is constant
     assert all(m == pytest.approx(0.9) for m in world[0]["warmup"]["momentum_after_batch"])
@@ -295,7 +295,7 @@ def test_only_rank_0_writes_checkpoints_and_every_rank_restores_them(world: list
 def test_fit_on_a_loader_gives_each_rank_its_own_shard(world: list[dict[str, Any]]) -> None:
     for epoch in range(EPOCHS):
         per_rank = [rank["loader"]["seen"][epoch] for rank in world]
-        for rank, got in zip(world, per_rank):
+        for rank, got in zip(world, per_rank, strict=True):
             assert got == rank["loader"]["expected"][epoch]  # the loader's order, in order
             assert len(got) == rank["loader"]["batches"] * B
         union = sorted(v for got in per_rank for v in got)

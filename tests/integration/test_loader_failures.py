@@ -165,7 +165,7 @@ def test_close_leaves_no_processes_descriptors_or_shm() -> None:
     shm_before = _shm()
     fds_before = len(os.listdir("/proc/self/fd"))
     loader = Loader(Faulty(), batch_size=16, num_workers=2, device="cpu")
-    kept = [b for _, b in zip(range(5), loader)]  # hold some zero-copy batches
+    kept = [b for _, b in zip(range(5), loader, strict=False)]  # hold some zero-copy batches
     pids = _worker_pids(loader)
     assert _alive(pids) == pids
     loader.close()

@@ -75,7 +75,7 @@ def test_workers_deliver_what_in_process_loading_does() -> None:
         for _ in range(2):  # two epochs: persistent workers, reused slots
             a, b = _take(here), _take(there)
             assert len(a) == len(b) == len(here)
-            for (xa, ia), (xb, ib) in zip(a, b):
+            for (xa, ia), (xb, ib) in zip(a, b, strict=True):
                 assert torch.equal(ia, ib) and torch.equal(xa, xb)
                 assert torch.equal(xb, torch.from_numpy(ds.x[ib.numpy()]))
             del a, b
@@ -139,7 +139,7 @@ def test_resume_mid_epoch_and_across_epochs_with_workers() -> None:
 def test_augmentation_rng_does_not_depend_on_the_worker() -> None:
     ds = Augmented(2000)
     with _loader(ds, num_workers=1) as one, _loader(ds, num_workers=2) as two:
-        for (xa, ia), (xb, ib) in zip(_take(one), _take(two)):
+        for (xa, ia), (xb, ib) in zip(_take(one), _take(two), strict=True):
             assert torch.equal(ia, ib) and torch.equal(xa, xb)
 
 
@@ -155,7 +155,7 @@ def test_variable_shapes_grow_the_slots() -> None:
     def pad(samples: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         n = max(len(s) for s in samples)
         out = torch.zeros(len(samples), n)
-        for row, s in zip(out, samples):
+        for row, s in zip(out, samples, strict=True):
             row[: len(s)] = s
         return out, torch.tensor([len(s) for s in samples])
 

@@ -46,7 +46,7 @@ def test_layout_matches_one_process(ranks: int, layout: dict[str, Any], model: d
     reference = _reference(references, model)
     got = run_world(train, ranks, layout, STEPS, model, timeout=240)[0]
     assert len(got["losses"]) == STEPS
-    loss_error = max(abs(a - b) for a, b in zip(got["losses"], reference["losses"]))
+    loss_error = max(abs(a - b) for a, b in zip(got["losses"], reference["losses"], strict=True))
     param_error = max_difference(got["params"], reference["params"])
     print(f"{got['describe']}: loss error {loss_error:.2e}, parameter error {param_error:.2e}")
     assert loss_error <= TOLERANCE

@@ -51,7 +51,7 @@ def test_every_rank_gets_the_same_one_line_error() -> None:
     ranks = run_world(try_all, RANKS, timeout=150)
     for messages in ranks:
         assert messages == ranks[0]
-    for message, (_, _, words) in zip(ranks[0], BAD):
+    for message, (_, _, words) in zip(ranks[0], BAD, strict=True):
         assert "\n" not in message
         for word in words:
             assert word in message, message

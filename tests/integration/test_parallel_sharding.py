@@ -52,7 +52,7 @@ def two(four: dict[str, Any]) -> dict[str, Any]:
 
 
 def _check_training(got: dict[str, Any], single: dict[str, Any]) -> None:
-    loss_error = max(abs(a - b) for a, b in zip(got["losses"], single["losses"]))
+    loss_error = max(abs(a - b) for a, b in zip(got["losses"], single["losses"], strict=True))
     param_error = max_difference(got["params"], single["params"])
     print(f"{got['describe']}: loss error {loss_error:.2e}, parameter error {param_error:.2e}, "
           f"state {got['state_bytes']} B per rank (one process: {single['state_bytes']} B)")

@@ -223,7 +223,7 @@ def test_optimizer_strategies_train_like_one_process(world3) -> None:
     want = _reference(3)
     for rank, out in enumerate(world3):
         for label, params in out["trained"].items():
-            for got, ref in zip(params, want):
+            for got, ref in zip(params, want, strict=True):
                 torch.testing.assert_close(got, ref, atol=1e-5, rtol=1e-5,
                                            msg=lambda m, lab=label, rk=rank: f"rank {rk} {lab}: {m}")
 

@@ -247,7 +247,7 @@ class StreamCollator:
                 if len(v) != size:
                     raise DataError(f"samples in a batch have different lengths (first has "
                                     f"{size}); return the same fields from every __getitem__")
-                for (put, _), x in zip(parts, v):
+                for (put, _), x in zip(parts, v, strict=False):
                     put(i, x)
 
             def get_seq() -> Any:
@@ -353,7 +353,7 @@ def unpack(spec: tuple, buf: np.ndarray, copy: bool = False) -> Any:
     if kind == "l":
         return [unpack(c, buf, copy) for c in spec[1]]
     if kind == "d":
-        return {k: unpack(c, buf, copy) for k, c in zip(spec[1], spec[2])}
+        return {k: unpack(c, buf, copy) for k, c in zip(spec[1], spec[2], strict=False)}
     if kind == "n":
         return spec[1](*(unpack(c, buf, copy) for c in spec[2]))
     return spec[1]

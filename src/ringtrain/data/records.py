@@ -321,7 +321,7 @@ class RecordDataset:
             local = idx[sel] - self._starts[s]
             rows = zip(sel.tolist(), local.tolist(), sh.offsets[local].tolist(),
                        sh.offsets[local + 1].tolist(),
-                       sh.crcs[local].tolist() if check else [None] * len(sel))
+                       sh.crcs[local].tolist() if check else [None] * len(sel), strict=False)
             base = self._starts[s]
             for k, j, a, b, crc in rows:
                 data = sh.read(base + j, j, a, b, crc)

@@ -49,7 +49,7 @@ class Shards:
             raise DataError(f"{len(names)} shards but {len(sizes)} sizes; give one size per shard")
         if not names:
             raise DataError("no shards given; pass at least one")
-        bad = [(n, s) for n, s in zip(names, sizes) if int(s) < 0]
+        bad = [(n, s) for n, s in zip(names, sizes, strict=False) if int(s) < 0]
         if bad:
             raise DataError(f"shard {bad[0][0]} has a negative size {bad[0][1]}")
         self.shard_names = [str(n) for n in names]
@@ -96,7 +96,7 @@ class Shards:
                 if hasattr(err, "add_note"):
                     err.add_note(f"(while reading shard {self.shard_names[s]})")
                 raise
-            for k, sample in zip(sel.tolist(), samples):
+            for k, sample in zip(sel.tolist(), samples, strict=False):
                 out[k] = sample if tf is None else tf(sample)
         return out
 

@@ -138,7 +138,7 @@ class MetricAverageCallback(keras.callbacks.Callback):  # type: ignore[misc,name
         values = torch.tensor([float(logs[k]) for k in keys], dtype=torch.float64,
                               device=runtime.device())
         allreduce_(values, op=Average, name="epoch metrics")
-        for key, value in zip(keys, values.tolist()):
+        for key, value in zip(keys, values.tolist(), strict=False):
             logs[key] = value
 
 

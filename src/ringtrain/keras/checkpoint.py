@@ -100,14 +100,14 @@ def _assign(variables: list[Any], values: list[Any], paths: list[str], what: str
             f"checkpoint {source} holds {len(values)} {what} variables but the model has "
             f"{len(variables)}; restore into the same architecture (and optimizer) it was saved from"
         )
-    for variable, value, path in zip(variables, values, paths):
+    for variable, value, path in zip(variables, values, paths, strict=False):
         if tuple(variable.shape) != tuple(value.shape):
             raise CheckpointError(
                 f"checkpoint {source}: {what} variable {path!r} has shape {tuple(value.shape)} "
                 f"but the model's {variable.path!r} has {tuple(variable.shape)}; restore into "
                 "the same architecture it was saved from"
             )
-    for variable, value in zip(variables, values):
+    for variable, value in zip(variables, values, strict=False):
         variable.assign(value)
 
 

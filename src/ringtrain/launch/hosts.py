@@ -129,7 +129,7 @@ def place_ranks(hosts: list[Host], np: int, oversubscribe: bool = False,
         capacity = [-(-np * h.slots // total) for h in hosts]
     counts: list[tuple[str, int]] = []
     left = np
-    for h, cap in zip(hosts, capacity):
+    for h, cap in zip(hosts, capacity, strict=False):
         if left == 0:
             break
         take = min(cap, left)

@@ -80,9 +80,9 @@ def allocation(environ: Mapping[str, str]) -> Allocation | None:
     ntasks = environ.get("SLURM_NTASKS", "")
     return Allocation(
         job_id=job,
-        hosts=tuple(Host(n, max(1, s)) for n, s in zip(nodes, slots)),
+        hosts=tuple(Host(n, max(1, s)) for n, s in zip(nodes, slots, strict=False)),
         ntasks=int(ntasks) if ntasks.isdigit() else None,
-        cpus=dict(zip(nodes, cpus)),
+        cpus=dict(zip(nodes, cpus, strict=False)),
     )
 
 

@@ -172,7 +172,7 @@ def split_step(start: float, end: float,
         # Overlaps: cut the step at every span boundary, give each piece to the
         # highest-priority span covering it. A step has a handful of spans.
         points = sorted({start, end, *(a for a, _, _ in clipped), *(b for _, b, _ in clipped)})
-        for a, b in zip(points, points[1:]):
+        for a, b in zip(points, points[1:], strict=False):
             owners = [r for sa, sb, r in clipped if sa <= a and sb >= b]
             put(_PRIORITY[min(owners)] if owners else "compute", a, b)
     return totals, segments

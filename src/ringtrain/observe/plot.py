@@ -50,9 +50,9 @@ def plot_reports(reports: list[dict[str, Any]], path: str | Path, title: str = "
     for rep in reports:
         s = rep["series"]
         warm = rep["summary"].get("warmup", 0)
-        pts = [(t, b) for i, t, b in zip(s["index"], s["t"], s["busy"]) if i >= warm]
+        pts = [(t, b) for i, t, b in zip(s["index"], s["t"], s["busy"], strict=False) if i >= warm]
         if pts:
-            xs, ys = zip(*pts)
+            xs, ys = zip(*pts, strict=False)
             line, = top.step(xs, [100 * y for y in ys], where="post",
                              label=f"rank {rep['rank']} (per step)")
             gpu = rep.get("gpu_series")
@@ -74,7 +74,7 @@ def plot_reports(reports: list[dict[str, Any]], path: str | Path, title: str = "
         widths = [_phase_ms(r, name) for r in reports]
         bottom.barh(labels, widths, left=left, color=_COLOURS[name], height=0.6,
                     label=name.replace("_", " "))
-        left = [a + b for a, b in zip(left, widths)]
+        left = [a + b for a, b in zip(left, widths, strict=False)]
     bottom.invert_yaxis()
     bottom.set_xlabel("mean milliseconds per step")
     bottom.set_title("where a step's time goes", fontsize=10)

@@ -118,7 +118,7 @@ def split_units(model: nn.Module, stages: int,
     else:
         starts = split_by_names(names, list(split), stages)
     bounds = [*starts, len(units)]
-    groups = [units[a:b] for a, b in zip(bounds, bounds[1:])]
+    groups = [units[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]
     _check_no_shared_parameters(groups)
     return groups
 

@@ -58,7 +58,7 @@ def _ranks(ranks: Iterable[int]) -> str:
 
 
 def _first_difference(ref: Sequence[Entry], other: Sequence[Entry]) -> tuple[int, str, str]:
-    for i, (x, y) in enumerate(zip(ref, other)):
+    for i, (x, y) in enumerate(zip(ref, other, strict=False)):
         if x != y:
             return i, _fmt(x), _fmt(y)
     i = min(len(ref), len(other))

@@ -49,7 +49,7 @@ def test_resume_after_an_interruption_is_bit_identical(tmp_path: Path) -> None:
     _train(tmp_path / "b", 23, stop_at=13)  # checkpoints at 5 and 10 exist
     resumed, loader = _train(tmp_path / "b", 23)
     assert loader.position == 23
-    for a, b in zip(straight.state_dict().values(), resumed.state_dict().values()):
+    for a, b in zip(straight.state_dict().values(), resumed.state_dict().values(), strict=True):
         assert torch.equal(a, b)
 
 

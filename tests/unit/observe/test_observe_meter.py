@@ -102,7 +102,7 @@ def test_series_is_capped_by_halving() -> None:
     assert len(meter.series) < 8
     indices = [r.index for r in meter.series]
     assert indices == sorted(indices) and indices[0] == 0
-    assert len({b - a for a, b in zip(indices, indices[1:])}) == 1  # evenly spaced
+    assert len({b - a for a, b in zip(indices, indices[1:], strict=False)}) == 1  # evenly spaced
 
 
 def test_empty_summary_is_plain_zeros() -> None:

@@ -23,7 +23,7 @@ class Net(nn.Module):
     def __init__(self, widths: list[int]) -> None:
         super().__init__()
         self.embed = nn.Linear(4, widths[0])
-        self.blocks = nn.ModuleList(nn.Linear(a, b) for a, b in zip(widths, widths[1:]))
+        self.blocks = nn.ModuleList(nn.Linear(a, b) for a, b in zip(widths, widths[1:], strict=False))
         self.head = nn.Linear(widths[-1], 2)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -42,7 +42,7 @@ def test_units_open_module_lists_one_level() -> None:
 
 def _heaviest(counts: list[int], starts: list[int]) -> int:
     bounds = [*starts, len(counts)]
-    return max(sum(counts[a:b]) for a, b in zip(bounds, bounds[1:]))
+    return max(sum(counts[a:b]) for a, b in zip(bounds, bounds[1:], strict=False))
 
 
 def test_even_parameter_split_is_optimal() -> None:

@@ -79,7 +79,7 @@ def test_even_spans_cover_exactly(length: int, parts: int) -> None:
     spans = even_spans(length, parts, start=10)
     assert len(spans) == parts
     assert spans[0][0] == 10 and sum(s for _, s in spans) == length
-    assert all(a[0] + a[1] == b[0] for a, b in zip(spans, spans[1:]))
+    assert all(a[0] + a[1] == b[0] for a, b in zip(spans, spans[1:], strict=False))
     assert max(s for _, s in spans) - min(s for _, s in spans) <= 1
 
 
@@ -87,7 +87,7 @@ def test_even_spans_cover_exactly(length: int, parts: int) -> None:
 def test_aligned_spans(length: int, parts: int, itemsize: int) -> None:
     spans = aligned_spans(length, parts, itemsize)
     assert len(spans) == parts and sum(s for _, s in spans) == length
-    assert all(a[0] + a[1] == b[0] for a, b in zip(spans, spans[1:]))
+    assert all(a[0] + a[1] == b[0] for a, b in zip(spans, spans[1:], strict=False))
     assert all(start * itemsize % 64 == 0 for start, size in spans if size)
 
 
