@@ -42,3 +42,23 @@ def test_pipeline_and_sharding_train_what_one_process_trains() -> None:
     # parameter count, so the larger one sets the figure).
     assert 0.2 <= split["mib"] / alone["mib"] <= 0.32
     assert_no_orphans(marker)
+
+
+@pytest.mark.timeout(300)
+def test_the_example_runs_under_mpirun_and_torchrun_too() -> None:
+    import shutil
+
+    from hosts.harness import ensure_packages
+
+    marker = new_marker()
+    ensure_packages({"mpirun": "openmpi-bin"})
+    mpirun = shutil.which("mpirun")
+    assert mpirun is not None
+    alone = _run([sys.executable, str(EXAMPLE), *ARGS], marker)
+    under_mpi = _run([mpirun, "--allow-run-as-root", "--oversubscribe", "-np", "2", sys.executable, str(EXAMPLE),
+                      "--pipeline", "2", *ARGS], marker)
+    under_torchrun = _run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                           str(EXAMPLE), "--shard", *ARGS], marker)
+    assert abs(under_mpi["loss"] - alone["loss"]) <= 1e-5
+    assert abs(under_torchrun["loss"] - alone["loss"]) <= 1e-5
+    assert_no_orphans(marker)

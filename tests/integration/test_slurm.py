@@ -204,3 +204,22 @@ def test_docs_script_survives_a_killed_node_through_requeue(
     assert "resumed at step 125" in out
     assert _equal(torch.load(workdir / "params.pt"), uninterrupted)
     assert_no_orphans(marker)
+
+
+@pytest.mark.timeout(300)
+def test_the_model_parallel_example_runs_under_srun_across_two_nodes(cluster: SlurmCluster) -> None:
+    """examples/gpt_parallel.py with 2 pipeline stages, one per Slurm node: the same final
+    loss as one process (issue: the same script runs under ringrun, torchrun, mpirun and srun)."""
+    example = str(ROOT / "examples" / "gpt_parallel.py")
+    args = ["--steps", "6", "--seed", "3", "--log-every", "3"]
+    marker = new_marker()
+    alone = subprocess.run([sys.executable, example, *args], capture_output=True, text=True, timeout=200,
+                           env=env_for(marker), cwd=str(ROOT))
+    assert alone.returncode == 0, alone.stderr[-2000:]
+    res = cluster.run(["srun", "-N", "2", "-n", "2", "python", example, "--pipeline", "2", *args], timeout=250,
+                      env=cluster.env(env_for(marker)), cwd=str(ROOT))
+    assert res.returncode == 0, (res.stdout + res.stderr)[-3000:]
+    want = float(re.findall(r"final loss (\S+)", alone.stdout)[0])
+    got = float(re.findall(r"final loss (\S+)", res.stdout)[0])
+    assert abs(got - want) <= 1e-5, (got, want)
+    assert_no_orphans(marker)
