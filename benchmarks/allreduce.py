@@ -19,6 +19,10 @@ traffic is paced to R MB/s (a sleep per piece, no CPU burnt), as if every rank h
 own network card of that speed. That separates the algorithms' traffic patterns from
 the CPU cost of loopback copies, which on a 2-core machine dominates everything.
 
+``--shaped-hosts 2,3,4,6 --link-mbit R`` (as root) runs one rank per network-namespace
+host instead, each host with its own link shaped by tc to R Mbit/s per direction: the
+kernel's real network path, no model (``allreduce_shaped.py``, ``shaped_hosts.py``).
+
 Outputs: a table on stdout, JSON (--json) and a PNG of time vs N per algorithm (--png).
 """
 
@@ -131,7 +135,10 @@ class _PacedChannel:
     block). Ingress: a completed receive is held until the rank's incoming link could
     have taken it, so N-1 workers sending to one server at once share its link. Time is
     spent sleeping, not computing, so the model measures traffic patterns, not copies.
+    Host (Gloo) channels only: each message is posted on its own.
     """
+
+    lockstep = False
 
     def __init__(self, inner: Any, rate: float) -> None:
         import queue as queue_mod
@@ -139,6 +146,7 @@ class _PacedChannel:
 
         self.inner, self.rate = inner, rate
         self.rank, self.size, self.scratch = inner.rank, inner.size, inner.scratch
+        self.device = inner.device
         self._out_free = 0.0
         self._in_free = 0.0
         self._queue: Any = queue_mod.SimpleQueue()
@@ -146,19 +154,23 @@ class _PacedChannel:
 
     def _sender(self) -> None:
         while True:
-            tensor, dst, tag, box, ready = self._queue.get()
+            msg, box, ready = self._queue.get()
+            tensor = msg[0]
             now = time.perf_counter()
             self._out_free = max(now, self._out_free) + tensor.numel() * tensor.element_size() / self.rate
             time.sleep(max(0.0, self._out_free - now))
-            box.append(self.inner.send(tensor, dst, tag))
+            box.append(self.inner.start([msg])[0][0])
             ready.set()
 
-    def send(self, tensor: Any, dst: int, tag: int = 0) -> Any:
+    def start(self, sends: Any = (), recvs: Any = ()) -> tuple[list[Any], list[Any]]:
+        return [self._send(m) for m in sends], [self._recv(m) for m in recvs]
+
+    def _send(self, msg: Any) -> Any:
         import threading
 
         box: list[Any] = []
         ready = threading.Event()
-        self._queue.put((tensor, dst, tag, box, ready))
+        self._queue.put((msg, box, ready))
 
         class Pending:
             def wait(self) -> None:
@@ -167,8 +179,8 @@ class _PacedChannel:
 
         return Pending()
 
-    def recv(self, tensor: Any, src: int, tag: int = 0) -> Any:
-        op, channel = self.inner.recv(tensor, src, tag), self
+    def _recv(self, msg: Any) -> Any:
+        op, channel, tensor = self.inner.start((), [msg])[1][0], self, msg[0]
 
         class Held:
             def wait(self) -> None:
@@ -198,7 +210,12 @@ def _paced_class(cls: type) -> type:
 
 
 def measure(sizes: list[int], algorithms: list[str], rounds: int, budget_s: float,
-            link_mbps: float | None) -> list[dict[str, Any]]:
+            link_mbps: float | None, warm_every_size: bool = True) -> list[dict[str, Any]]:
+    """Records of every (size, algorithm) on this job's ranks (run on every rank).
+
+    ``warm_every_size=False`` warms up (buffers, channel, connections) at the first size
+    only: on slow links a warm-up of a 64 MB allreduce costs seconds per algorithm, and
+    the pass that counts how many operations fit the budget warms each size anyway."""
     import torch
     import torch.distributed as dist
 
@@ -207,10 +224,10 @@ def measure(sizes: list[int], algorithms: list[str], rounds: int, budget_s: floa
     n = rt.size()
     algs = {name: _algorithm(name, n, link_mbps) for name in algorithms}
     records = []
-    for nbytes in sizes:
+    for index, nbytes in enumerate(sizes):
         x = torch.randn(nbytes // 4)
         times: dict[str, list[float]] = {name: [] for name in algorithms}
-        for name in algorithms:  # warm up: buffers, channel, connections
+        for name in algorithms if warm_every_size or index == 0 else ():  # warm up
             rt.allreduce_(x, rt.Sum, algorithm=algs[name])
         iters = {}
         for name in algorithms:  # how many ops fit in the budget (same on every rank)
@@ -233,7 +250,7 @@ def measure(sizes: list[int], algorithms: list[str], rounds: int, budget_s: floa
             sec = statistics.median(times[name])
             algbw = nbytes / sec / 1e9
             records.append({
-                "n": n, "bytes": nbytes, "algorithm": name, "time_s": sec,
+                "n": n, "bytes": nbytes, "algorithm": name, "seconds": sec, "time_s": sec,
                 "algbw_GBps": algbw, "busbw_GBps": algbw * 2 * (n - 1) / n,
                 # Interference from other processes only adds time: the best round
                 # estimates the uncontended cost.
@@ -349,7 +366,7 @@ def plot(records: list[dict[str, Any]], path: Path, title: str) -> None:
     sizes = sorted({r["bytes"] for r in records if r["bytes"] >= 1 << 20}) or sorted({r["bytes"] for r in records})
     sizes = sizes[-3:]
     fig, axes = plt.subplots(1, len(sizes), figsize=(5 * len(sizes), 4), squeeze=False)
-    for ax, nbytes in zip(axes[0], sizes):
+    for ax, nbytes in zip(axes[0], sizes, strict=True):
         for a in dict.fromkeys(r["algorithm"] for r in records):
             pts = sorted((r["n"], r["time_s"] * 1e3) for r in records
                          if r["bytes"] == nbytes and r["algorithm"] == a)
@@ -375,9 +392,29 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--budget", type=float, default=None, help="seconds per measurement")
     p.add_argument("--link-mbps", type=float, default=None,
                    help="pace ring/ps traffic to this many MB/s per rank and direction")
-    p.add_argument("--json", default="out/bench_allreduce.json")
-    p.add_argument("--png", default="out/bench_allreduce.png")
+    p.add_argument("--shaped-hosts", default=None, metavar="N[,N...]",
+                   help="one rank per network-namespace host, each with its own link shaped by "
+                        "tc (needs root); N or a list, e.g. 2,3,4,6")
+    p.add_argument("--link-mbit", type=float, default=200.0,
+                   help="with --shaped-hosts: each host's link, Mbit/s per direction (default 200)")
+    p.add_argument("--delay-ms", type=float, default=1.0,
+                   help="with --shaped-hosts: added one-way delay (netem; default 1 ms)")
+    p.add_argument("--netns-prefix", default="rtsh",
+                   help="with --shaped-hosts: namespace names <prefix>1.. (default rtsh)")
+    p.add_argument("--netns-subnet", default="10.213.70",
+                   help="with --shaped-hosts: their /24, as a.b.c (default 10.213.70)")
+    p.add_argument("--json", default=None, help="default out/bench_allreduce[_shaped].json")
+    p.add_argument("--png", default=None, help="default out/bench_allreduce[_shaped].png")
+    p.add_argument("--rank-job", help=argparse.SUPPRESS)  # one rank of a shaped-hosts job
     args = p.parse_args(argv)
+    if args.rank_job:
+        import allreduce_shaped
+
+        return allreduce_shaped.rank_main(args.rank_job)
+    if args.shaped_hosts:
+        return _main_shaped(args)
+    args.json = args.json if args.json is not None else "out/bench_allreduce.json"
+    args.png = args.png if args.png is not None else "out/bench_allreduce.png"
     sizes = [int(s) for s in args.sizes.split(",")] if args.sizes else (QUICK_SIZES if args.quick else SIZES)
     algorithms = args.algorithms.split(",")
     if args.link_mbps:
@@ -420,6 +457,47 @@ def main(argv: list[str] | None = None) -> int:
         note = f"; N > {cores} shares the {cores} cores (oversubscribed)" if over else ""
         plot(records, Path(args.png), f"Gloo on {cores} cores, torch {torch.__version__}{link}{note}")
         print(f"wrote {args.png}")
+    return 0
+
+
+def _main_shaped(args: argparse.Namespace) -> int:
+    import allreduce_shaped
+    import shaped_hosts
+
+    try:
+        ns = [int(x) for x in args.shaped_hosts.split(",")]
+        if min(ns) < 2:
+            raise ValueError(f"--shaped-hosts needs N >= 2, got {args.shaped_hosts}")
+    except ValueError as exc:
+        print(f"allreduce.py: {exc}", file=sys.stderr)
+        return 2
+    reason = shaped_hosts.requirements()
+    if reason:
+        print(f"allreduce.py: --shaped-hosts: {reason}", file=sys.stderr)
+        return 2
+    sizes = [int(s) for s in args.sizes.split(",")] if args.sizes else allreduce_shaped.SIZES
+    rounds = args.rounds or (1 if args.quick else 3)
+    budget = args.budget or 0.25
+    try:
+        records, meta = allreduce_shaped.run_shaped(ns, args.link_mbit, args.delay_ms, sizes,
+                                                    args.algorithms.split(","), rounds, budget,
+                                                    prefix=args.netns_prefix, subnet=args.netns_subnet)
+    except shaped_hosts.ShapedHostsError as exc:
+        print(f"allreduce.py: --shaped-hosts: {exc}", file=sys.stderr)
+        return 1
+    print(allreduce_shaped.format_shaped(records, args.link_mbit))
+    for line in allreduce_shaped.growth_lines(records) + allreduce_shaped.summary(records):
+        print(line)
+    json_path = Path(args.json or "out/bench_allreduce_shaped.json")
+    json_path.parent.mkdir(parents=True, exist_ok=True)
+    for rec in records:
+        rec["meta"] = meta  # a list of self-describing records
+    json_path.write_text(json.dumps(records, indent=1))
+    print(f"wrote {json_path}")
+    png = Path(args.png or "out/bench_allreduce_shaped.png")
+    png.parent.mkdir(parents=True, exist_ok=True)
+    plot(records, png, f"{max(ns)} namespace hosts, {meta['qdisc']}, Gloo, torch {meta['torch']}")
+    print(f"wrote {png}")
     return 0
 
 

@@ -11,13 +11,14 @@ issued the ranks compare what they submit (:mod:`ringtrain.agreement`).
 from __future__ import annotations
 
 import enum
+import pickle
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
 
-from ringtrain import agreement, runtime
+from ringtrain import agreement, inflight, runtime
 from ringtrain.errors import CollectiveError, ConfigError, NotInitializedError
 
 __all__ = [
@@ -250,6 +251,7 @@ def allgather(tensor: torch.Tensor, name: str | None = None) -> torch.Tensor:
             pad = torch.zeros((longest - t.shape[0], *t.shape[1:]), dtype=t.dtype, device=t.device)
             t = torch.cat([t, pad])
         parts = [torch.empty_like(t) for _ in range(n)]
+        inflight.hold(t, *parts)
         dist.all_gather(parts, t)
     except RuntimeError as exc:
         raise _fail("allgather", name, tensor, exc) from exc
@@ -266,6 +268,7 @@ def broadcast_(tensor: torch.Tensor, root_rank: int = 0, name: str | None = None
         root_rank = 0
     _agree("broadcast", tensor, name, root=root_rank, problem=problem)
     comm = staged(tensor)
+    inflight.hold(comm)
     try:
         dist.broadcast(comm, src=root_rank)
     except RuntimeError as exc:
@@ -304,6 +307,7 @@ def alltoall(
     recv = [h.extra[me] for h in headers] if headers else list(send)
     try:
         out = torch.empty((sum(recv), *t.shape[1:]), dtype=t.dtype, device=t.device)
+        inflight.hold(out, t)
         dist.all_to_all_single(out, t, output_split_sizes=recv, input_split_sizes=send)
     except RuntimeError as exc:
         raise _fail("alltoall", name, tensor, exc) from exc
@@ -327,31 +331,51 @@ def reducescatter(tensor: torch.Tensor, op: ReduceOp = Average, name: str | None
     comm = staged(t.contiguous())
     parts = list(torch.split(comm, splits))
     out = torch.empty_like(parts[r])
+    pieces = [p.contiguous() for p in parts]
+    inflight.hold(out, *pieces)
     try:
         # The list form takes uneven shares (the single-tensor form needs N equal ones).
-        dist.reduce_scatter(out, [p.contiguous() for p in parts], op=torch_op(op))
+        dist.reduce_scatter(out, pieces, op=torch_op(op))
     except RuntimeError as exc:
         raise _fail("reducescatter", name, tensor, exc) from exc
     finish_average(out, op, n)
     return out.to(tensor.device)
 
 
+def _pickled(obj: Any) -> torch.Tensor:
+    return torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8)
+
+
 def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None) -> Any:
+    """The root's ``obj`` (pickled) on every rank.
+
+    Written on ringtrain's own broadcasts (not ``broadcast_object_list``), so the bytes
+    travel in tensors ringtrain keeps until Gloo lets go of them (:mod:`ringtrain.inflight`)."""
     n = runtime.size()
     if not 0 <= root_rank < n:
         raise ConfigError(f"root_rank {root_rank} is outside the world of size {n}")
-    box = [obj]
-    try:
-        dist.broadcast_object_list(box, src=root_rank)
-    except RuntimeError as exc:
-        raise _fail("broadcast_object", name, None, exc) from exc
-    return box[0]
+    if n == 1:
+        return obj
+    label = name or "object"
+    data = _pickled(obj) if runtime.rank() == root_rank else torch.empty(0, dtype=torch.uint8)
+    size = torch.tensor([data.numel()], dtype=torch.int64)
+    broadcast_(size, root_rank, name=f"{label} (size)")
+    if runtime.rank() != root_rank:
+        data = torch.empty(int(size.item()), dtype=torch.uint8)
+    broadcast_(data, root_rank, name=f"{label} (bytes)")
+    return obj if runtime.rank() == root_rank else pickle.loads(data.numpy().tobytes())
 
 
 def allgather_object(obj: Any, name: str | None = None) -> list[Any]:
-    out: list[Any] = [None] * runtime.size()
-    try:
-        dist.all_gather_object(out, obj)
-    except RuntimeError as exc:
-        raise _fail("allgather_object", name, None, exc) from exc
+    """Every rank's ``obj``, by rank (pickled; see :func:`broadcast_object`)."""
+    if runtime.size() == 1:
+        return [obj]
+    label = name or "object"
+    data = _pickled(obj)
+    sizes = allgather(torch.tensor([data.numel()], dtype=torch.int64), name=f"{label} (sizes)")
+    gathered = allgather(data, name=f"{label} (bytes)")
+    out, offset = [], 0
+    for n in sizes.tolist():
+        out.append(pickle.loads(gathered[offset:offset + n].numpy().tobytes()))
+        offset += n
     return out

@@ -10,10 +10,10 @@ from ringtest import run_world
 
 
 def _horovod_keras_script(directory: str) -> dict[str, Any]:
+    import ringtrain.keras as hvd  # noqa: I001 - first: it selects Keras' torch backend
+
     import keras
     import numpy as np
-
-    import ringtrain.keras as hvd  # sets the torch backend before keras loads
 
     hvd.init()
     out: dict[str, Any] = {"who": (hvd.rank(), hvd.size(), hvd.local_rank(), hvd.local_size())}

@@ -11,10 +11,11 @@ Semantics are Horovod's Keras wrapper's: ``backward_passes_per_step=k`` sums k l
 passes and applies once (``average_aggregated_gradients=True`` divides that sum by the
 passes), ``op=Average`` divides by ``size()`` only.
 
-The exchange starts after backward, not during it as the torch
-:class:`ringtrain.DistributedOptimizer` does: Keras clears ``.grad`` before each step
-and gives the optimizer finished gradients. On CPUs this costs little (FIELD-NOTES:
-one flat allreduce after backward, 98.5 ms/step, vs DDP's overlapped buckets, 98.9).
+From the second step on, each bucket's exchange starts during backward, as soon as
+autograd has accumulated its last gradient (:mod:`ringtrain.keras.overlap`), as the
+torch :class:`ringtrain.DistributedOptimizer` does; ``apply`` only launches what is left
+and waits. ``overlap=False`` exchanges after backward instead (for a ``train_step`` that
+changes gradients in place before ``apply``).
 
 Like Horovod's Keras wrapper, the result is an instance of a subclass of the
 optimizer's own class, rebuilt from its config, so ``isinstance`` checks, learning-rate
@@ -25,6 +26,7 @@ the plain Keras optimizer.
 from __future__ import annotations
 
 import time
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -36,6 +38,7 @@ from ringtrain.compression import Compression, Compressor
 from ringtrain.errors import ConfigError
 from ringtrain.fusion import FusedExchange
 from ringtrain.keras._backend import load_keras
+from ringtrain.keras.overlap import BackwardOverlap
 
 __all__ = ["DistributedOptimizer", "GradientExchange"]
 
@@ -50,6 +53,10 @@ class GradientExchange:
     only accumulate (sum) locally. ``flush()`` exchanges what has accumulated so far. A
     gradient that is ``None`` on a rank contributes zeros (the exchange must have the
     same layout on every rank).
+
+    With ``overlap`` (default) hooks on ``params`` start each bucket's exchange during
+    backward from the second call on, when ``grads`` are the tensors backward
+    accumulated into ``.grad`` (see :mod:`ringtrain.keras.overlap`).
     """
 
     def __init__(
@@ -61,6 +68,7 @@ class GradientExchange:
         strategy: str = "native",
         average_aggregated_gradients: bool = False,
         gradient_predivide_factor: float = 1.0,
+        overlap: bool = True,
     ) -> None:
         if isinstance(backward_passes_per_step, bool) or not isinstance(backward_passes_per_step, int) \
                 or backward_passes_per_step < 1:
@@ -87,11 +95,15 @@ class GradientExchange:
         self._fusion: FusedExchange | None = None
         self._sums: list[torch.Tensor | None] = []
         self._passes = 0
+        self.overlap = bool(overlap)
+        self._overlap: BackwardOverlap | None = None
+        self._warned_mismatch = False
         # Validate op (and the factor) now rather than at the first step.
         from ringtrain.fusion import scaling
 
         scaling(op, 1, False, self._predivide)
-        #: Seconds the last exchange took (pack, allreduce, wait), for step meters.
+        #: Seconds the last exchange kept ``reduce`` waiting (pack, launch, wait): with
+        #: overlap, only the part not hidden behind backward. For step meters.
         self.last_exchange_s = 0.0
 
     @property
@@ -111,21 +123,46 @@ class GradientExchange:
         if len(grads) != len(params):
             raise ConfigError(f"got {len(grads)} gradients for {len(params)} variables")
         self._prepare(params, names)
+        overlap = self._overlap
+        if overlap is not None and self._passes + 1 == self.backward_passes_per_step \
+                and overlap.started():
+            if overlap.matches(grads):
+                return self._finish_overlapped(overlap, grads)
+            overlap.drain()  # every rank launched them; finish, then exchange what was given
+            if not self._warned_mismatch:
+                self._warned_mismatch = True
+                warnings.warn(
+                    "ringtrain.keras: apply() got other gradients than backward left in .grad, "
+                    "so the exchanges started during backward were repeated; pass overlap=False "
+                    "to DistributedOptimizer/GradientExchange to exchange once, after backward",
+                    stacklevel=3)
+        out: list[torch.Tensor] | None
         if self.backward_passes_per_step == 1:
-            return self._exchange(list(grads), 1)  # no accumulation: pack straight from them
+            out = self._exchange(list(grads), 1)  # no accumulation: pack straight from them
+        else:
+            self._accumulate(grads)
+            self._passes += 1
+            if self._passes < self.backward_passes_per_step:
+                return None
+            out = self.flush()
+        if self.overlap and (self._overlap is None or not self._overlap.attached):
+            self._attach(params)  # the next steps start their exchanges during backward
+        return out
+
+    def _accumulate(self, grads: Sequence[torch.Tensor | None]) -> None:
         with torch.no_grad():
             for i, g in enumerate(grads):
-                if g is None:
-                    continue
-                acc = self._sums[i]
-                if acc is None:
-                    self._sums[i] = g.detach().clone()
-                else:
-                    acc.add_(g)
-        self._passes += 1
-        if self._passes < self.backward_passes_per_step:
-            return None
-        return self.flush()
+                if g is not None:
+                    self._add(i, g)
+
+    def _add(self, index: int, grad: torch.Tensor) -> torch.Tensor:
+        """Add one pass's gradient to the local sum of ``index``; the sum."""
+        acc = self._sums[index]
+        if acc is None:
+            acc = self._sums[index] = grad.detach().clone()
+        else:
+            acc.add_(grad)
+        return acc
 
     def flush(self) -> list[torch.Tensor] | None:
         """Exchange what has accumulated (fewer passes than usual is fine); None if nothing."""
@@ -148,6 +185,9 @@ class GradientExchange:
                 f"(backward_passes_per_step={self.backward_passes_per_step}); pass the same "
                 "variables on every call, or call flush() before switching"
             )
+        if self._overlap is not None:
+            self._overlap.detach()  # hooks of the old layout: finish their exchanges, remove
+            self._overlap = None
         labels = list(names) if names is not None else [f"grad{i}" for i in range(len(params))]
         self._fusion = FusedExchange(labels, params, self._algorithm, self.compression, self.op,
                                      runtime.size(), self._bucket_bytes, self._predivide,
@@ -162,6 +202,42 @@ class GradientExchange:
                             what="Keras gradients")
         self._layout = layout
 
+    def _attach(self, params: Sequence[torch.Tensor]) -> None:
+        fusion = self._fusion
+        assert fusion is not None  # set by _prepare
+        k = self.backward_passes_per_step
+
+        def due() -> bool:  # the backward pass whose gradients get exchanged
+            return self._passes + 1 == k
+
+        def source(index: int, grad: torch.Tensor) -> torch.Tensor:
+            # Out of place: if apply() turns out to get other gradients, the local sums
+            # must still be those of the earlier passes.
+            acc = self._sums[index] if k > 1 else None
+            return grad if acc is None else acc + grad
+
+        if self._overlap is None:
+            self._overlap = BackwardOverlap(fusion, params, due, source)
+        self._overlap.attach()
+
+    def _finish_overlapped(self, overlap: BackwardOverlap,
+                           grads: Sequence[torch.Tensor | None]) -> list[torch.Tensor]:
+        t0 = time.perf_counter()
+        passes = self._passes + 1
+        if self.backward_passes_per_step == 1:
+            rest = list(grads)
+        else:  # members whose hook did not run: their sum, with this pass if it has one
+            with torch.no_grad():
+                rest = [None if overlap.seen(i) else self._add(i, g) if g is not None else self._sums[i]
+                        for i, g in enumerate(grads)]
+        overlap.finish(rest)
+        out = self._collect(passes)
+        overlap.done()
+        self._sums = [None] * len(self._sums)
+        self._passes = 0
+        self.last_exchange_s = time.perf_counter() - t0
+        return out
+
     def _exchange(self, sources: list[torch.Tensor | None], passes: int) -> list[torch.Tensor]:
         t0 = time.perf_counter()
         fusion = self._fusion
@@ -170,7 +246,16 @@ class GradientExchange:
             for bucket in fusion.buckets:
                 fusion.pack(bucket, [sources[i] for i in bucket.spec.params])
                 fusion.launch(bucket)
-            out: list[torch.Tensor] = [torch.empty(0)] * len(sources)
+        out = self._collect(passes)
+        self.last_exchange_s = time.perf_counter() - t0
+        return out
+
+    def _collect(self, passes: int) -> list[torch.Tensor]:
+        """Wait for every launched bucket; each tensor's combined gradient."""
+        fusion = self._fusion
+        assert fusion is not None  # set by _prepare
+        with torch.no_grad():
+            out: list[torch.Tensor] = [torch.empty(0)] * len(self._sums)
             for bucket in fusion.buckets:
                 fusion.wait(bucket)
                 for position, index in enumerate(bucket.spec.params):
@@ -179,7 +264,6 @@ class GradientExchange:
                     out[index] = fusion.result(bucket, position)
             if self.average_aggregated_gradients and passes > 1:
                 out = [g / passes for g in out]
-        self.last_exchange_s = time.perf_counter() - t0
         return out
 
 
@@ -257,6 +341,7 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name, a factory returning th
     strategy: str = "native",
     average_aggregated_gradients: bool = False,
     gradient_predivide_factor: float = 1.0,
+    overlap: bool = True,
 ) -> Any:
     """Return a copy of the Keras ``optimizer`` that combines gradients across ranks.
 
@@ -271,6 +356,9 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name, a factory returning th
         op: ``rt.Average`` (default) or ``rt.Sum`` across ranks.
         fusion_mb: bytes per fused buffer, in MB (default: ``RINGTRAIN_FUSION_MB``, 25).
         strategy: ``"native"``, ``"ring"`` or ``"ps"`` (see ``ringtrain.sync``).
+        overlap: start each bucket's exchange during backward, as its gradients become
+            ready (from the second step on); False exchanges after backward, for a
+            ``train_step`` that changes gradients in place before ``apply``.
 
     Scale the learning rate by ``rt.size()`` yourself (``rt.scale_lr``), as with Horovod.
     """
@@ -286,7 +374,7 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name, a factory returning th
             "before model.compile()/fit()"
         )
     exchange = GradientExchange(compression, backward_passes_per_step, op, fusion_mb, strategy,
-                                average_aggregated_gradients, gradient_predivide_factor)
+                                average_aggregated_gradients, gradient_predivide_factor, overlap)
     wrapped = _distributed_class(type(optimizer)).from_config(optimizer.get_config())
     # object.__setattr__: Keras' optimizer __setattr__ would try to track the attribute.
     object.__setattr__(wrapped, "_ringtrain_exchange", exchange)

@@ -15,6 +15,13 @@ Loopback transfers are CPU copies, so when processes outnumber cores both comput
 and the link slow down by ``processes / cores``; the prediction says so explicitly
 instead of hiding it in a fit. Every child process is joined, and killed on timeout
 or error, before any function here returns.
+
+Run as the ranks of a job (``ringrun -np 4 -H a,b,c,d ringtrain plan --calibrate``, or
+any launcher ringtrain reads), :func:`run_calibration_in_job` does the same on the job's
+own network instead: the sweep over all ranks fits alpha and B of the real links, and the
+step of the CNN with one flat allreduce is predicted from the step without it (measured
+in the same run) and measured. ``benchmarks/plan_calibrate.py --shaped-hosts`` runs it on
+network-namespace hosts with tc-shaped links.
 """
 
 from __future__ import annotations
@@ -42,6 +49,7 @@ __all__ = [
     "fit_alpha_beta",
     "predict_step",
     "run_calibration",
+    "run_calibration_in_job",
     "format_calibration",
     "mnist_cnn",
 ]
@@ -107,10 +115,14 @@ class Calibration:
     gradient_bytes: int
     cores: int
     notes: list[str] = field(default_factory=list)
+    #: What the sweep ran over.
+    network: str = "loopback Gloo"
+    #: Whether transfers are CPU copies (loopback): then they share cores with compute.
+    link_on_cpu: bool = True
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
-        for check, raw in zip(self.checks, data["checks"]):
+        for check, raw in zip(self.checks, data["checks"], strict=True):
             raw["error"] = check.error
             raw["inworld_error"] = check.inworld_error
         return data
@@ -150,17 +162,19 @@ def fit_alpha_beta(points: list[SweepPoint]) -> Fit:
 
 def predict_step(
     layers: list[Layer], fit: Fit, world: int, compute_s: float, *, cores: int, cv: float = 0.0,
-    shared: bool = True,
+    shared: bool = True, link_on_cpu: bool = True,
 ) -> tuple[float, float]:
     """Predicted (compute, step) seconds for ``world`` local processes.
 
     With ``shared`` (``compute_s`` is a 1-process time), processes beyond the core
     count share cores: compute and the loopback link (CPU copies) both slow by
     ``world / cores``. Without it ``compute_s`` already is the in-run compute time
-    and only the link is slowed.
+    and only the link is slowed; with ``link_on_cpu=False`` (a real network, whose
+    time is on the wire) the link is not slowed either.
     """
     share = max(1.0, world / max(cores, 1))
-    loop = Link("loopback", fit.bandwidth / share, 1.0, fit.alpha_s * share, "Gloo on 127.0.0.1, fitted")
+    link_share = share if link_on_cpu else 1.0
+    loop = Link("fitted", fit.bandwidth / link_share, 1.0, fit.alpha_s * link_share, "fitted alpha and B")
     sc = Scenario(
         tuple(layers), compute_s * (share if shared else 1.0), Topology(world, loop, loop), "ring",
         FRAMEWORKS["flat"], jitter_cv=cv,
@@ -237,6 +251,31 @@ def _measure_single(job: dict[str, Any]) -> list[float]:
         torch.set_num_threads(threads)
 
 
+def _measure_world(job: dict[str, Any], world: int, dist: Any) -> dict[str, Any]:
+    """The allreduce sweep and the timed steps, on every rank of the default group."""
+    import torch
+
+    result: dict[str, Any] = {"sweep": []}
+    # The first collectives after start-up are slow (lazy connection set-up, ranks
+    # still importing); a burst of small ones settles that before timing.
+    warm = torch.ones(1024)
+    for _ in range(20):
+        dist.all_reduce(warm)
+    for nbytes in job["sizes"]:
+        buf = torch.ones(nbytes // 4)
+        for _ in range(2):  # warm-up: allocations for this size
+            dist.all_reduce(buf)
+        times = []
+        for _ in range(job["iters"]):
+            dist.barrier()
+            t0 = time.perf_counter()
+            dist.all_reduce(buf)
+            times.append(time.perf_counter() - t0)
+        result["sweep"].append((nbytes, statistics.median(times)))
+    result["plain"], result["steps"] = _time_steps(job, world, dist)
+    return result
+
+
 def _worker(rank: int, world: int, port: int, job: dict[str, Any], out: Any) -> None:
     """Body of one calibration process; reports ``("ok"|"error", rank, payload)``."""
     try:
@@ -253,24 +292,7 @@ def _worker(rank: int, world: int, port: int, job: dict[str, Any], out: Any) -> 
             "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
             timeout=timedelta(seconds=job["op_timeout_s"]),
         )
-        result: dict[str, Any] = {"sweep": []}
-        # The first collectives after start-up are slow (lazy connection set-up, ranks
-        # still importing); a burst of small ones settles that before timing.
-        warm = torch.ones(1024)
-        for _ in range(20):
-            dist.all_reduce(warm)
-        for nbytes in job["sizes"]:
-            buf = torch.ones(nbytes // 4)
-            for _ in range(2):  # warm-up: allocations for this size
-                dist.all_reduce(buf)
-            times = []
-            for _ in range(job["iters"]):
-                dist.barrier()
-                t0 = time.perf_counter()
-                dist.all_reduce(buf)
-                times.append(time.perf_counter() - t0)
-            result["sweep"].append((nbytes, statistics.median(times)))
-        result["plain"], result["steps"] = _time_steps(job, world, dist)
+        result = _measure_world(job, world, dist)
         dist.destroy_process_group()
         out.put(("ok", rank, result))
     except BaseException:  # report anything, the parent decides
@@ -386,23 +408,85 @@ def run_calibration(
     return Calibration(fit, sweep, checks, single_s, cv, grad_bytes, cores, notes)
 
 
+def run_calibration_in_job(
+    *, sizes: tuple[int, ...] = DEFAULT_SIZES, iters: int = 5, steps: int = 12, warmup: int = 3,
+    batch: int = 64,
+) -> Calibration | None:
+    """Calibrate on the network of the job this process is a rank of; rank 0 gets the
+    Calibration, the other ranks None. Every rank must call it.
+
+    Alpha and B are fitted on the sweep over all ranks; the prediction starts from the
+    step without exchange measured in the same run (each rank computes on its own host),
+    and the link is time on the wire, not shared with compute.
+    """
+    import torch
+    import torch.distributed as dist
+
+    from ringtrain import runtime
+
+    if steps < 3 or iters < 1:
+        raise ConfigError("calibration needs >= 3 steps and >= 1 iteration per size")
+    owned = not runtime.is_initialized()  # a script's own world stays up for it
+    world = runtime.init()
+    n = world.env.size
+    if n < 2:
+        if owned:
+            runtime.shutdown()
+        raise ConfigError("calibrating in a job needs 2 or more ranks; without a launcher, "
+                          "'ringtrain plan --calibrate' measures local processes instead")
+    job = {"sizes": list(sizes), "iters": iters, "steps": steps, "warmup": warmup, "batch": batch}
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)  # one core per process, like one GPU per process
+        torch.manual_seed(0)
+        measured = _measure_world(job, n, dist)
+    finally:
+        torch.set_num_threads(threads)
+        if owned:
+            runtime.shutdown()
+    if world.env.rank != 0:
+        return None
+    sweep = [SweepPoint(n, nb, t) for nb, t in measured["sweep"]]
+    fit = fit_alpha_beta(sweep)
+    layers = from_module(mnist_cnn())
+    plain = measured["plain"]
+    spread = statistics.pstdev(plain) / statistics.fmean(plain)
+    compute, predicted = predict_step(layers, fit, n, statistics.median(plain), cores=_cores(),
+                                      cv=spread, shared=False, link_on_cpu=False)
+    check = StepCheck(n, compute, predicted, compute, predicted, statistics.median(measured["steps"]))
+    notes = [f"alpha and B fitted on the {n}-rank sweep of this job ({world.env.launcher} launch)",
+             "compute is the step without exchange measured in the same run, on every rank's own host"]
+    return Calibration(fit, sweep, [check], statistics.median(plain), spread,
+                       4 * sum(layer.params for layer in layers), _cores(), notes,
+                       network=f"Gloo across the job's {n} ranks", link_on_cpu=False)
+
+
 def format_calibration(cal: Calibration) -> str:
     """Human-readable report: the fit, the sweep, prediction vs measurement."""
     f = cal.fit
     lines = [
-        f"loopback Gloo fit: alpha = {f.alpha_s * 1e6:.1f} us, B = {f.bandwidth / 1e9:.2f} GB/s "
+        f"{cal.network} fit: alpha = {f.alpha_s * 1e6:.1f} us, B = "
+        + (f"{f.bandwidth / 1e9:.2f} GB/s " if f.bandwidth >= 1e9 else f"{f.bandwidth / 1e6:.1f} MB/s ") +
         f"(rms error {100 * f.rms_rel_error:.0f}%)",
         "",
         "allreduce sweep   procs      bytes   measured ms   ring model ms",
     ]
     for p in cal.sweep:
-        share = max(1.0, p.world / max(cal.cores, 1))  # as in predict_step
+        share = max(1.0, p.world / max(cal.cores, 1)) if cal.link_on_cpu else 1.0  # as in predict_step
         model = 2 * (p.world - 1) * f.alpha_s * share + 2 * (p.world - 1) / p.world * p.nbytes / f.bandwidth * share
         lines.append(f"                  {p.world:5d} {p.nbytes:10d} {p.seconds * 1e3:13.2f} {model * 1e3:15.2f}")
+    grads = f"gradients {cal.gradient_bytes / 1e6:.1f} MB"
+    if not cal.link_on_cpu:  # in a job: one prediction, from the in-run step
+        lines += ["", f"MNIST CNN, batch 64, 1 thread per rank: step without exchange "
+                      f"{cal.single_step_s * 1e3:.1f} ms (spread {100 * cal.single_step_cv:.1f}%), {grads}",
+                  "ranks   compute ms  predicted ms  measured ms   error"]
+        lines += [f"{c.world:5d} {c.inworld_compute_s * 1e3:12.1f} {c.predicted_inworld_s * 1e3:13.1f} "
+                  f"{c.measured_s * 1e3:12.1f} {100 * c.inworld_error:+7.1f}%" for c in cal.checks]
+        return "\n".join([*lines, "", *("note: " + n for n in cal.notes)])
     lines += [
         "",
         f"MNIST CNN, batch 64, 1 thread per process: 1-process step {cal.single_step_s * 1e3:.1f} ms "
-        f"(spread {100 * cal.single_step_cv:.1f}%), gradients {cal.gradient_bytes / 1e6:.1f} MB",
+        f"(spread {100 * cal.single_step_cv:.1f}%), {grads}",
         "        from 1-process step x core share     from in-run step without exchange",
         "procs   compute ms  predicted ms  error     compute ms  predicted ms  error     measured ms",
     ]

@@ -9,6 +9,7 @@ Examples::
     ringtrain plan --model custom --module torchvision.models:resnet18 --input-shape 3,224,224 --step-ms 60
     ringtrain plan --validate        # the published results and the planner's predictions
     ringtrain plan --calibrate       # fit alpha and B of loopback Gloo, check a real step
+    ringrun -np 4 -H a,b,c,d ringtrain plan --calibrate   # the same on the job's own network
     ringtrain plan --parallel --params 1.3B --layers 24 --hidden 2048 --seq 2048 \
         --global-batch 512 --gpus 64 --gpus-per-host 8 --device-memory 80 --step-ms 90000
                                      # model parallelism: recommend a layout (or --layout 2x4x8)
@@ -159,7 +160,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", help="also write the predictions as JSON to this path")
     p.add_argument("--validate", action="store_true", help="print published results vs predictions")
     p.add_argument("--calibrate", action="store_true",
-                   help="fit alpha and B of loopback Gloo and check a real 2- and 4-process step")
+                   help="fit alpha and B of loopback Gloo and check a real 2- and 4-process step; "
+                        "run as the ranks of a job (ringrun, torchrun, srun), of the job's network")
     g = p.add_argument_group("model parallelism (--parallel)")
     g.add_argument("--parallel", action="store_true",
                    help="plan pipeline x tensor x data layouts: per-rank memory, step time, "
@@ -386,9 +388,19 @@ def _validate() -> str:
 
 
 def _calibrate(args: argparse.Namespace) -> str:
-    from ringtrain.plan.calibrate import format_calibration, run_calibration
+    import os
 
-    cal = run_calibration()
+    from ringtrain.env import parse_env
+    from ringtrain.plan.calibrate import format_calibration, run_calibration, run_calibration_in_job
+
+    launched = parse_env(os.environ)
+    if launched.size > 1:  # started as the ranks of a job: measure its own network
+        found = run_calibration_in_job()
+        if found is None:
+            return f"rank {launched.rank}: calibration measured; rank 0 reports"
+        cal = found
+    else:
+        cal = run_calibration()
     if args.json:
         _write_json(args.json, cal.to_json())
     return format_calibration(cal)

@@ -16,8 +16,10 @@ runtime's shutdown (see :mod:`ringtrain.wiring`).
 Around the strategies: :mod:`~ringtrain.sync.signature` compares what ranks will
 exchange at the first step (MismatchError), :mod:`~ringtrain.sync.stall` names the ranks
 missing from an exchange that does not finish within ``stall_timeout`` (StallError),
-and :mod:`~ringtrain.sync.channel` is the private Gloo group plus exchange thread the
-point-to-point strategies run on. See docs/sync.md for measurements.
+:mod:`~ringtrain.sync.channel` is the exchange thread the point-to-point strategies run
+on, and :mod:`~ringtrain.sync.transport` what it runs over: a private Gloo group on host
+memory for CPU tensors, an NCCL group on the GPU for CUDA tensors (no staging through
+the host). See docs/sync.md for measurements.
 """
 
 from __future__ import annotations

@@ -59,16 +59,22 @@ def combine_(dst: torch.Tensor, src: torch.Tensor, op: ReduceOp) -> None:
         raise ValueError(f"unsupported op {op!r}")
 
 
-def flat_work(tensor: torch.Tensor) -> tuple[torch.Tensor, Callable[[], None] | None]:
-    """A flat, contiguous CPU tensor to exchange and a function writing it back (or None).
+def flat_work(tensor: torch.Tensor, device: torch.device | str = "cpu"
+              ) -> tuple[torch.Tensor, Callable[[], None] | None]:
+    """A flat, contiguous tensor on ``device`` to exchange and a function writing it back
+    (or None).
 
-    Gloo's point-to-point operations take CPU tensors. A contiguous CPU tensor is used in
-    place (no copy); anything else is staged and copied back when the exchange ends.
+    ``device`` is the channel's: host memory for Gloo, the tensor's own GPU for NCCL. A
+    contiguous tensor already there is used in place, with no copy: the only thing
+    that differs between the host and the device path is where this buffer lives.
+    Anything else (non-contiguous, or a CUDA tensor on a host channel) is staged and
+    copied back when the exchange ends.
     """
-    if tensor.device.type == "cpu" and tensor.is_contiguous():
+    target = torch.device(device)
+    if tensor.device == target and tensor.is_contiguous():
         return tensor.view(-1), None
-    staged = tensor.detach().reshape(-1).to("cpu", copy=True)
-    if tensor.device.type == "cuda":
+    staged = tensor.detach().reshape(-1).to(target, copy=True)
+    if tensor.device.type == "cuda" and target.type == "cpu":
 
         def back() -> None:
             tensor.copy_(staged.view(tensor.shape))
@@ -83,18 +89,20 @@ def flat_work(tensor: torch.Tensor) -> tuple[torch.Tensor, Callable[[], None] | 
 
 
 class ScratchPool:
-    """Receive buffers reused across exchanges: one growing flat buffer per dtype.
+    """Receive buffers reused across exchanges: one growing flat buffer per dtype, on
+    the channel's device.
 
     Only the exchange thread uses it, so it needs no lock.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, device: torch.device | str = "cpu") -> None:
+        self.device = torch.device(device)
         self._buffers: dict[torch.dtype, torch.Tensor] = {}
 
     def get(self, dtype: torch.dtype, numel: int) -> torch.Tensor:
         buf = self._buffers.get(dtype)
         if buf is None or buf.numel() < numel:
-            buf = torch.empty(max(numel, 1), dtype=dtype)
+            buf = torch.empty(max(numel, 1), dtype=dtype, device=self.device)
             self._buffers[dtype] = buf
         return buf[:numel]
 

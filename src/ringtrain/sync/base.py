@@ -8,7 +8,8 @@ handle's wait gives up after ``stall_timeout`` with a :class:`StallError` that n
 missing ranks.
 
 Point-to-point strategies (ring, ps) run their rounds on the exchange thread of
-:mod:`ringtrain.sync.channel`; subclasses only write :meth:`P2PStrategy.exchange`.
+:mod:`ringtrain.sync.channel`; subclasses only write :meth:`P2PStrategy.exchange`, once
+for host and device buffers alike (the channel's transport says where they live).
 Each concrete class declares its ``name`` and the ``options`` a user may pass by name;
 :mod:`ringtrain.sync.table` lists the classes.
 """
@@ -25,7 +26,7 @@ from ringtrain.collectives import Handle, ReduceOp, torch_op
 from ringtrain.errors import ConfigError
 from ringtrain.sync import stall
 from ringtrain.sync._tensors import flat_work
-from ringtrain.sync.channel import Channel, channel
+from ringtrain.sync.channel import Channel, channel, channel_device
 
 __all__ = ["P2PStrategy", "Strategy"]
 
@@ -73,7 +74,10 @@ class P2PStrategy(Strategy):
     """A strategy written with point-to-point sends and receives on the exchange thread."""
 
     def exchange(self, flat: torch.Tensor, op: ReduceOp, ch: Channel) -> None:
-        """Reduce the flat CPU tensor in place across ``ch``'s ranks (exchange thread).
+        """Reduce the flat tensor (on ``ch.device``) in place across ``ch``'s ranks
+        (exchange thread). Post messages with ``ch.start``; when ``ch.lockstep``, each
+        round's receives must go out with its sends, in the same round order on every
+        rank (see :mod:`ringtrain.sync.transport`).
 
         An Average is finished (divided) inside, before results are sent back, so every
         rank ends with the same bytes."""
@@ -89,8 +93,8 @@ class P2PStrategy(Strategy):
         arrival = stall.tracker().arrive(name, tensor)
         if size == 1 or tensor.numel() == 0:
             return Handle(tensor, lambda: None, name)
-        flat, write_back = flat_work(tensor)
-        ch = channel()
+        ch = channel(channel_device(tensor))
+        flat, write_back = flat_work(tensor, ch.device)
 
         def job() -> None:
             self.exchange(flat, op, ch)

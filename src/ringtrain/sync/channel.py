@@ -1,16 +1,18 @@
-"""The point-to-point channel ring and ps run on: a private Gloo group and one thread.
+"""The point-to-point channel ring and ps run on: a transport plus one exchange thread.
+
+The transport (:mod:`ringtrain.sync.transport`) decides where buffers live and how a
+round's messages go out: a private Gloo group on host memory for CPU tensors, an NCCL
+group on the GPU for CUDA tensors under the NCCL backend. Everything else is this
+module's and the algorithms', the same for both.
 
 Why a private group: with Gloo a process group runs its operations in the order they
 are issued, so p2p traffic issued from a background thread on the default group could
 interleave with the collectives the main thread issues there, in a different order on
-each rank. A group of our own keeps the two streams apart. It is built directly as a
-``ProcessGroupGloo`` on a key prefix of the job's store, not with ``dist.new_group``:
-``new_group`` numbers groups by a process-wide counter, so any other code calling it in
-a different order on some rank would pair up the wrong groups.
+each rank. A group of our own keeps the two streams apart.
 
 Why a thread: ring and ps are many rounds of send/receive, each waiting for the one
 before. Run in the caller they would block backward for the whole exchange; on one
-exchange thread per process they overlap with it (torch releases the GIL while it waits
+exchange thread per channel they overlap with it (torch releases the GIL while it waits
 on Gloo and while it adds tensors). Exchanges run one at a time, in the order they were
 submitted; every rank submits the same exchanges in the same order (the optimizer
 launches buckets in plan order), so the rounds line up across ranks.
@@ -20,10 +22,6 @@ it itself (:meth:`Channel.run_if_next`): same order, two thread hand-offs fewer.
 hand-off is a wake-up, and on a busy machine a wake-up can cost a whole time slice
 (measured: a synchronous 4 KB ring allreduce took ~3 ms with hand-offs on a loaded
 2-core machine, against ~0.5 ms for Gloo's own allreduce).
-
-The group is created inside the first exchange, with that exchange's stall timeout
-for the rendezvous: a rank that never arrives shows up as a StallError at the first
-exchange, not as a hang for the init timeout.
 """
 
 from __future__ import annotations
@@ -32,60 +30,36 @@ import datetime
 import logging
 import threading
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from typing import Any, TypeVar
 
 import torch
-import torch.distributed as dist
 
 from ringtrain import runtime
 from ringtrain.sync._tensors import ScratchPool
+from ringtrain.sync.transport import GlooTransport, Msg, NcclTransport, Op, PeerError, Transport
 
-__all__ = ["Channel", "Op", "PeerError", "channel", "close"]
+__all__ = ["Channel", "Msg", "Op", "PeerError", "channel", "channel_device", "close"]
 
 log = logging.getLogger("ringtrain")
 
 T = TypeVar("T")
 
-_STORE_PREFIX = "ringtrain/sync/p2p/"
-
-
-class PeerError(RuntimeError):
-    """A send or receive failed; ``peer`` is the rank on the other side."""
-
-    def __init__(self, peer: int, cause: BaseException) -> None:
-        super().__init__(str(cause))
-        self.peer = peer
-
-
-class Op:
-    """A send or receive in flight; :meth:`wait` names the peer when it fails."""
-
-    __slots__ = ("work", "peer", "timeout")
-
-    def __init__(self, work: Any, peer: int, timeout: datetime.timedelta) -> None:
-        self.work = work
-        self.peer = peer
-        self.timeout = timeout
-
-    def wait(self) -> None:
-        try:
-            self.work.wait(self.timeout)
-        except RuntimeError as exc:
-            raise PeerError(self.peer, exc) from exc
-
 
 class Channel:
-    """A private Gloo group over all ranks plus the thread that runs exchanges on it."""
+    """A transport over all ranks plus the thread that runs exchanges on it."""
 
-    def __init__(self, rank: int, size: int, store: dist.Store, timeout_s: float) -> None:
+    def __init__(self, rank: int, size: int, transport: Transport, timeout_s: float) -> None:
         self.rank = rank
         self.size = size
-        self.scratch = ScratchPool()
-        self._store = store
+        self.transport = transport
+        #: Where buffers live: ``flat`` tensors handed to :meth:`start` and the scratch.
+        self.device = transport.device
+        #: True when each round's receives must go out with its sends (see transport.py).
+        self.lockstep = transport.lockstep
+        self.scratch = ScratchPool(transport.device)
         self._timeout = datetime.timedelta(seconds=timeout_s)
-        self._group: Any = None
         #: Bound on each send/receive wait, set per exchange to the strategy's stall
         #: timeout: the thread must not stay blocked in Gloo after the caller gave up
         #: (a thread blocked in Gloo at interpreter exit aborts the process).
@@ -100,31 +74,27 @@ class Channel:
 
     # -- used by algorithms, on the exchange thread ------------------------------------
 
-    @property
-    def group(self) -> Any:
-        if self._group is None:
-            self._group = dist.ProcessGroupGloo(
-                dist.PrefixStore(_STORE_PREFIX, self._store), self.rank, self.size, self.op_timeout
-            )
-        return self._group
-
-    def send(self, tensor: torch.Tensor, dst: int, tag: int = 0) -> Op:
-        return Op(self.group.send([tensor], dst, tag), dst, self.op_timeout)
-
-    def recv(self, tensor: torch.Tensor, src: int, tag: int = 0) -> Op:
-        return Op(self.group.recv([tensor], src, tag), src, self.op_timeout)
+    def start(self, sends: Sequence[Msg] = (), recvs: Sequence[Msg] = ()) -> tuple[list[Op], list[Op]]:
+        """Post one round's messages: (send ops, receive ops), each list in the given order."""
+        return self.transport.start(sends, recvs, self.op_timeout)
 
     # -- used by callers -----------------------------------------------------------------
 
     def submit(self, fn: Callable[[], T], timeout_s: float | None = None) -> Future[T]:
         """Run ``fn`` on the exchange thread after every job submitted before it; its
-        sends and receives give up after ``timeout_s`` (default: the group's timeout)."""
+        sends and receives give up after ``timeout_s`` (default: the channel's timeout).
+
+        Call it after the buffers ``fn`` uses are written: a device transport starts the
+        job only once the caller's stream has reached this point."""
         fut: Future[T] = Future()
         op_timeout = self._timeout if timeout_s is None else datetime.timedelta(seconds=timeout_s)
+        ticket = self.transport.ready()
+        box: list[T] = []
 
         def job() -> T:
             self.op_timeout = op_timeout
-            return fn()
+            self.transport.run(lambda: box.append(fn()), ticket, op_timeout.total_seconds())
+            return box[0]
 
         with self._cond:
             self._pending.append((job, fut))
@@ -155,7 +125,7 @@ class Channel:
         if threading.current_thread() is not self._thread:
             self._thread.join(min(5.0, self._timeout.total_seconds()))
         if not self._thread.is_alive():
-            self._group = None
+            self.transport.close()
 
     def _execute(self, item: tuple[Callable[[], Any], Future[Any]]) -> None:
         fn, fut = item
@@ -183,29 +153,52 @@ class Channel:
 
 
 _lock = threading.Lock()
-_current: tuple[object, Channel] | None = None
+_current: tuple[object, dict[str, Channel]] | None = None
 
 
-def channel() -> Channel:
-    """The channel of the current world (made at first use, replaced after a re-init)."""
+def channel_device(tensor: torch.Tensor) -> torch.device:
+    """Where the exchange of ``tensor`` runs: its own GPU when the job's backend is NCCL,
+    else host memory (Gloo; a CUDA tensor is then staged through the host)."""
+    if tensor.device.type == "cuda" and runtime.world().backend == "nccl":
+        return tensor.device
+    return torch.device("cpu")
+
+
+def channel(device: torch.device | str = "cpu") -> Channel:
+    """The channel for buffers on ``device`` in the current world (made at first use,
+    replaced after a re-init): Gloo for ``cpu``, NCCL for a CUDA device."""
     global _current
+    dev = torch.device(device)
     world = runtime.world()
     with _lock:
-        if _current is not None and _current[0] is world:
-            return _current[1]
-        if _current is not None:
-            _current[1].close()
-        # The init timeout bounds only jobs submitted without a timeout; strategies
-        # pass their stall_timeout with every exchange.
-        ch = Channel(world.env.rank, world.env.size, runtime.store(), world.settings.init_timeout)
-        _current = (world, ch)
+        if _current is None or _current[0] is not world:
+            if _current is not None:
+                for old in _current[1].values():
+                    old.close()
+            _current = (world, {})
+        channels = _current[1]
+        ch = channels.get(str(dev))
+        if ch is None:
+            env = world.env
+            transport: Transport
+            if dev.type == "cpu":
+                transport = GlooTransport(runtime.store(), env.rank, env.size)
+            else:
+                # Made here, in the submitting thread, at the same point of the program
+                # on every rank (new_group's requirement; see transport.py).
+                transport = NcclTransport(dev, world.settings.init_timeout)
+            # The init timeout bounds only jobs submitted without a timeout; strategies
+            # pass their stall_timeout with every exchange.
+            ch = Channel(env.rank, env.size, transport, world.settings.init_timeout)
+            channels[str(dev)] = ch
         return ch
 
 
 def close() -> None:
-    """Drop the channel (its group is released when the exchange thread lets go of it)."""
+    """Drop the channels (each group is released when its exchange thread lets go of it)."""
     global _current
     with _lock:
         if _current is not None:
-            _current[1].close()
+            for ch in _current[1].values():
+                ch.close()
             _current = None

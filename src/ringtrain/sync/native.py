@@ -12,7 +12,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from ringtrain import collectives, runtime
+from ringtrain import collectives, inflight, runtime
 from ringtrain.collectives import Handle, ReduceOp, finish_average, torch_op
 from ringtrain.sync import stall
 from ringtrain.sync.base import Strategy
@@ -33,6 +33,7 @@ class Native(Strategy):
         started = time.monotonic()
         # The same staging as rt.allreduce: under NCCL a CPU tensor travels via the GPU.
         comm = collectives.staged(tensor)
+        inflight.hold(comm)  # released only once Gloo's worker let go (see ringtrain.inflight)
         try:
             work = dist.all_reduce(comm, op=reduce_op, async_op=True)
         except RuntimeError as exc:

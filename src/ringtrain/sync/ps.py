@@ -14,7 +14,9 @@ that only serve are not implemented (see docs/sync.md).
 
 Shards are cut again into pieces (as in the ring) so the owner adds and returns piece p
 while piece p+1 is still arriving. Results are computed once on the owner and sent to
-all, so every rank ends with identical bytes.
+all, so every rank ends with identical bytes. On Gloo every push and every result's
+receive is posted at once (matched by tag); on NCCL (lockstep, see transport.py) each
+piece is two rounds, "push piece p" then "pull piece p", in the same order on every rank.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from ringtrain.collectives import ReduceOp, finish_average
 from ringtrain.errors import ConfigError
 from ringtrain.sync._tensors import Span, aligned_spans, combine_, even_spans
 from ringtrain.sync.base import P2PStrategy
-from ringtrain.sync.channel import Channel
+from ringtrain.sync.channel import Channel, Msg
 from ringtrain.sync.ring import auto_chunks
 
 __all__ = ["ParameterServer", "shard_plan"]
@@ -83,45 +85,69 @@ class ParameterServer(P2PStrategy):
             return  # nothing to exchange; an average over one rank is the value itself
         chunks = self.chunks_per_rank or auto_chunks(flat.numel() * flat.element_size() // k)
         plan = shard_plan(flat.numel(), flat.element_size(), k, chunks)
+        owners = [o for o in range(k) if o != r]
+        workers = [w for w in range(n) if w != r]
+        serving = r < k and sum(length for _, length in plan[r]) > 0
+        shard_start = plan[r][0][0] if r < k else 0
+        shard_len = sum(length for _, length in plan[r]) if r < k else 0
+        # The incoming pushes of this rank's shard, one row per worker (in rank order).
+        inbox = (ch.scratch.get(flat.dtype, len(workers) * shard_len).view(len(workers), shard_len)
+                 if serving else None)
+
+        def piece(owner: int, p: int) -> torch.Tensor:
+            start, length = plan[owner][p]
+            return flat[start : start + length]
+
+        def pushes_out(p: int) -> list[Msg]:  # this rank's piece p of every other shard
+            return [(piece(o, p), o, _PUSH) for o in owners if plan[o][p][1]]
+
+        def pushes_in(p: int) -> list[Msg]:  # every worker's piece p of this rank's shard
+            if inbox is None or plan[r][p][1] == 0:
+                return []
+            start, length = plan[r][p]
+            lo = start - shard_start
+            return [(inbox[i, lo : lo + length], w, _PUSH) for i, w in enumerate(workers)]
+
+        def pulls_out(p: int) -> list[Msg]:  # the finished piece p of this shard, to all
+            return [(piece(r, p), w, _PULL) for w in workers] if serving and plan[r][p][1] else []
+
+        def pulls_in(p: int) -> list[Msg]:  # the finished piece p of every other shard,
+            return [(piece(o, p), o, _PULL) for o in owners if plan[o][p][1]]  # in place
+
         sends: list[Any] = []
-        pulls: list[Any] = []
-        # As a worker: push every shard to its owner and post the receive of its result
-        # into the same place (the result cannot arrive before our push was read).
-        for owner in range(k):
-            if owner == r:
-                continue
-            for start, length in plan[owner]:
-                if length:
-                    piece = flat[start : start + length]
-                    sends.append(ch.send(piece, owner, _PUSH))
-                    pulls.append(ch.recv(piece, owner, _PULL))
-        if r < k:
-            self._serve(flat, op, ch, plan[r], sends)
-        for work in pulls:
+        waits: list[Any] = []
+        arrived: list[list[Any]] = [[] for _ in range(chunks)]
+        if not ch.lockstep:
+            # Gloo: everything that can go out now does. A worker's result is received
+            # into the place it was pushed from (it cannot arrive before the push was read).
+            for p in range(chunks):
+                sent, received = ch.start(pushes_out(p), pulls_in(p))
+                sends += sent
+                waits += received
+                arrived[p] = ch.start((), pushes_in(p))[1]
+        for p in range(chunks):
+            if ch.lockstep:  # NCCL: round "push piece p", then round "pull piece p"
+                sent, arrived[p] = ch.start(pushes_out(p), pushes_in(p))
+                sends += sent
+            if serving and plan[r][p][1]:
+                self._reduce_piece(piece(r, p), arrived[p], inbox, plan[r][p][0] - shard_start, op, n)
+            if ch.lockstep:
+                sent, received = ch.start(pulls_out(p), pulls_in(p))
+                waits += received
+            else:
+                sent = ch.start(pulls_out(p))[0]
+            sends += sent
+        for work in waits:
             work.wait()
         for work in sends:
             work.wait()
 
-    def _serve(self, flat: torch.Tensor, op: ReduceOp, ch: Channel, pieces: list[Span],
-               sends: list[Any]) -> None:
-        n, r = ch.size, ch.rank
-        workers = [w for w in range(n) if w != r]
-        shard_start = pieces[0][0]
-        shard_len = sum(length for _, length in pieces)
-        if shard_len == 0:
-            return
-        inbox = ch.scratch.get(flat.dtype, len(workers) * shard_len).view(len(workers), shard_len)
-        posted = [[(ch.recv(inbox[i, s - shard_start : s - shard_start + ln], w, _PUSH)
-                    if ln else None) for s, ln in pieces] for i, w in enumerate(workers)]
-        for p, (start, length) in enumerate(pieces):
-            if length == 0:
-                continue
-            own = flat[start : start + length]
-            for i in range(len(workers)):  # rank order: the same sum on every run
-                work = posted[i][p]
-                assert work is not None
-                work.wait()
-                combine_(own, inbox[i, start - shard_start : start - shard_start + length], op)
-            finish_average(own, op, n)
-            for w in workers:
-                sends.append(ch.send(own, w, _PULL))
+    @staticmethod
+    def _reduce_piece(own: torch.Tensor, arrived: list[Any], inbox: torch.Tensor | None, lo: int,
+                      op: ReduceOp, n: int) -> None:
+        """Add every worker's copy of one piece to this rank's own, then finish the op."""
+        assert inbox is not None  # only servers reduce
+        for i, work in enumerate(arrived):  # rank order: the same sum on every run
+            work.wait()
+            combine_(own, inbox[i, lo : lo + own.numel()], op)
+        finish_average(own, op, n)

@@ -9,10 +9,13 @@ stays nearly flat as ranks are added while a single parameter server's grows wit
 
 Pipelining: every segment is cut again into ``chunks_per_rank`` pieces that go round
 the ring independently, so the addition of one piece overlaps the transfer of the next,
-and every round's send is posted together with the receive (two receives in flight per
-piece, double-buffered). Gloo matches messages from one peer first-in first-out *per
-tag*, and pieces of different segments have different lengths, so piece j travels
-under tag j: one FIFO per piece keeps the rounds of each piece in order.
+and every round's send is posted together with the receive (on Gloo two receives in
+flight per piece, double-buffered). Gloo matches messages from one peer first-in
+first-out *per tag*, and pieces of different segments have different lengths, so piece
+j travels under tag j: one FIFO per piece keeps the rounds of each piece in order. NCCL
+ignores tags and matches in posting order; the rounds are posted in the same (round,
+piece) order on every rank and in lockstep (a round's receive goes out with its send,
+one batch), which keeps the per-peer order and cannot deadlock (see transport.py).
 
 :func:`ring_schedule` (which segment goes where in each round) is pure and unit-tested.
 """
@@ -28,7 +31,7 @@ from ringtrain.collectives import ReduceOp, finish_average
 from ringtrain.errors import ConfigError
 from ringtrain.sync._tensors import Span, combine_, even_spans
 from ringtrain.sync.base import P2PStrategy
-from ringtrain.sync.channel import Channel
+from ringtrain.sync.channel import Channel, Msg
 
 __all__ = ["Ring", "ring_schedule", "auto_chunks"]
 
@@ -90,29 +93,37 @@ class Ring(P2PStrategy):
         reduce_rounds = n - 1
         right, left = (r + 1) % n, (r - 1) % n
         longest = max(length for seg in pieces for _, length in seg)
+        # Receives in flight per piece: two where they may go out rounds early (Gloo,
+        # double-buffered); one in lockstep (NCCL), posted with the round's send.
+        ahead = 1 if ch.lockstep else 2
         # Two receive buffers per piece for the reduce-scatter rounds (allgather rounds
         # receive straight into place).
         scratch = ch.scratch.get(flat.dtype, 2 * chunks * longest).view(2, chunks, longest)
         sends: list[Any] = []
         inbox: list[deque[tuple[Any, torch.Tensor]]] = [deque() for _ in range(chunks)]
 
-        def post_recv(t: int, j: int) -> None:
+        def incoming(t: int, j: int) -> list[Msg]:
+            if t >= rounds:
+                return []
             start, length = pieces[schedule[t][1]][j]
             if length == 0:
-                return
+                return []
             buf = scratch[t % 2, j, :length] if t < reduce_rounds else flat[start : start + length]
-            inbox[j].append((ch.recv(buf, left, j), buf))
+            return [(buf, left, j)]
 
-        def post_send(t: int, j: int) -> None:
+        def outgoing(t: int, j: int) -> list[Msg]:
+            if t >= rounds:
+                return []
             start, length = pieces[schedule[t][0]][j]
-            if length:
-                sends.append(ch.send(flat[start : start + length], right, j))
+            return [(flat[start : start + length], right, j)] if length else []
+
+        def post(recvs: list[Msg], out: list[Msg], j: int) -> None:
+            sent, received = ch.start(out, recvs)
+            sends.extend(sent)
+            inbox[j].extend(zip(received, [buf for buf, _, _ in recvs], strict=True))
 
         for j in range(chunks):
-            post_recv(0, j)
-            if rounds > 1:
-                post_recv(1, j)
-            post_send(0, j)
+            post([m for t in range(ahead) for m in incoming(t, j)], outgoing(0, j), j)
         for t in range(rounds):
             for j in range(chunks):
                 start, length = pieces[schedule[t][1]][j]
@@ -126,9 +137,8 @@ class Ring(P2PStrategy):
                             # This piece is now reduced over every rank: finish the average
                             # before it travels, so every rank gets the same bytes.
                             finish_average(target, op, n)
-                if t + 2 < rounds:
-                    post_recv(t + 2, j)  # reuses the buffer just consumed
-                if t + 1 < rounds:
-                    post_send(t + 1, j)
+                # The receive reuses the buffer just consumed; in lockstep it goes out
+                # with round t+1's send, as one batch.
+                post(incoming(t + ahead, j), outgoing(t + 1, j), j)
         for work in sends:
             work.wait()

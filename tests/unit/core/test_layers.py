@@ -25,7 +25,7 @@ _LAYER_OF = {
     "horovod": "facades", "keras": "facades",
 }
 # Imported by anything: they import no other layer.
-LEAVES = {"errors", "settings", "env", "events", "sockets", "compression", "bubble", "signing"}
+LEAVES = {"errors", "settings", "env", "events", "sockets", "compression", "bubble", "signing", "inflight"}
 # Not layers: the composition root (sets the hooks) and the tools built on everything.
 TOOLS = {"wiring", "cli", "plan", "__init__"}
 

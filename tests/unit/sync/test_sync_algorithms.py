@@ -1,4 +1,9 @@
-"""Ring and parameter server, exchanged between threads through the fake channel."""
+"""Ring and parameter server, exchanged between threads through the fake channel.
+
+Every correctness test runs on both fake transports: Gloo's (messages matched by tag,
+receives posted early) and NCCL's (lockstep batches on one stream per rank, tags
+ignored), so the device path's posting discipline is checked on CPU.
+"""
 
 from __future__ import annotations
 
@@ -35,7 +40,8 @@ def _expected(xs: list[torch.Tensor], op: ReduceOp) -> torch.Tensor:
     if op is ReduceOp.AVERAGE:
         if xs[0].dtype.is_floating_point:
             return total / len(xs)
-        return torch.div(torch.stack([x for x in xs]).sum(0), len(xs), rounding_mode="floor").double()
+        # Integers truncate toward zero, as Horovod's C++ division (collectives.finish_average).
+        return torch.div(torch.stack([x for x in xs]).sum(0), len(xs), rounding_mode="trunc").double()
     return total
 
 
@@ -43,7 +49,11 @@ def _tol(dtype: torch.dtype, n: int) -> float:
     return {torch.float16: 4e-3 * n, torch.bfloat16: 3e-2 * n, torch.float32: 1e-5}.get(dtype, 1e-12)
 
 
-def _run(strategy: Ring | ParameterServer, xs: list[torch.Tensor], op: ReduceOp):
+TRANSPORTS = pytest.mark.parametrize("lockstep", [False, True], ids=["gloo", "nccl-lockstep"])
+
+
+def _run(strategy: Ring | ParameterServer, xs: list[torch.Tensor], op: ReduceOp,
+         lockstep: bool = False):
     n = len(xs)
     work = [x.clone() for x in xs]
 
@@ -51,28 +61,31 @@ def _run(strategy: Ring | ParameterServer, xs: list[torch.Tensor], op: ReduceOp)
         strategy.exchange(work[ch.rank], op, ch)
         return work[ch.rank]
 
-    return run_ranks(n, rank)
+    return run_ranks(n, rank, lockstep=lockstep)
 
 
+@TRANSPORTS
 @pytest.mark.parametrize("n", [2, 3, 4, 5, 8])
 @pytest.mark.parametrize("length", [1, 2, 7, 64, 1001])
 @pytest.mark.parametrize("chunks", [1, 3])
-def test_ring_equals_reference_on_any_length(n: int, length: int, chunks: int) -> None:
+def test_ring_equals_reference_on_any_length(n: int, length: int, chunks: int, lockstep: bool) -> None:
     xs = _inputs(n, length, torch.float64)
-    outs, _ = _run(Ring(chunks_per_rank=chunks), xs, ReduceOp.AVERAGE)
+    outs, _ = _run(Ring(chunks_per_rank=chunks), xs, ReduceOp.AVERAGE, lockstep)
     want = _expected(xs, ReduceOp.AVERAGE)
     for out in outs:
         torch.testing.assert_close(out, want, rtol=1e-12, atol=1e-12)
     assert all(torch.equal(outs[0], o) for o in outs)  # every rank holds the same bytes
 
 
+@TRANSPORTS
 @pytest.mark.parametrize("n", [2, 3, 4, 6])
 @pytest.mark.parametrize("servers", [1, 2, "n"])
 @pytest.mark.parametrize("length", [1, 5, 333, 4096])
-def test_ps_equals_reference_for_any_server_count(n: int, servers: int | str, length: int) -> None:
+def test_ps_equals_reference_for_any_server_count(n: int, servers: int | str, length: int,
+                                                   lockstep: bool) -> None:
     k = n if servers == "n" else min(int(servers), n)
     xs = _inputs(n, length, torch.float64)
-    outs, _ = _run(ParameterServer(servers=k, chunks_per_rank=2), xs, ReduceOp.AVERAGE)
+    outs, _ = _run(ParameterServer(servers=k, chunks_per_rank=2), xs, ReduceOp.AVERAGE, lockstep)
     want = _expected(xs, ReduceOp.AVERAGE)
     for out in outs:
         torch.testing.assert_close(out, want, rtol=1e-12, atol=1e-12)
@@ -84,33 +97,36 @@ def test_ps_equals_reference_for_any_server_count(n: int, servers: int | str, le
 @pytest.mark.parametrize("op", OPS, ids=lambda o: o.name)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16,
                                    torch.int64], ids=str)
-def test_every_op_and_dtype(strategy, op: ReduceOp, dtype: torch.dtype) -> None:
+@TRANSPORTS
+def test_every_op_and_dtype(strategy, op: ReduceOp, dtype: torch.dtype, lockstep: bool) -> None:
     n = 3
     xs = _inputs(n, 100, dtype)
-    outs, _ = _run(strategy, xs, op)
+    outs, _ = _run(strategy, xs, op, lockstep)
     want = _expected(xs, op)
     for out in outs:
         assert out.dtype == dtype
         torch.testing.assert_close(out.double(), want, rtol=_tol(dtype, n), atol=_tol(dtype, n))
 
 
+@TRANSPORTS
 @pytest.mark.parametrize("n", [2, 4, 8])
-def test_ring_moves_2_n_minus_1_over_n_per_rank(n: int) -> None:
+def test_ring_moves_2_n_minus_1_over_n_per_rank(n: int, lockstep: bool) -> None:
     length = 8 * 1024  # divisible by n: exact volumes
-    outs, hub = _run(Ring(chunks_per_rank=2), _inputs(n, length, torch.float32), ReduceOp.SUM)
+    outs, hub = _run(Ring(chunks_per_rank=2), _inputs(n, length, torch.float32), ReduceOp.SUM, lockstep)
     per_rank = length * 4 * 2 * (n - 1) / n
     assert all(hub.bytes_sent[r] == per_rank for r in range(n))
     assert all(hub.bytes_received[r] == per_rank for r in range(n))
 
 
+@TRANSPORTS
 @pytest.mark.parametrize("n", [2, 4, 8])
-def test_single_server_carries_n_minus_1_times_the_buffer(n: int) -> None:
+def test_single_server_carries_n_minus_1_times_the_buffer(n: int, lockstep: bool) -> None:
     nbytes = 4096 * 4
-    _, hub = _run(ParameterServer(servers=1), _inputs(n, 4096, torch.float32), ReduceOp.SUM)
+    _, hub = _run(ParameterServer(servers=1), _inputs(n, 4096, torch.float32), ReduceOp.SUM, lockstep)
     assert hub.bytes_received[0] == (n - 1) * nbytes  # the bottleneck grows with N
     assert hub.bytes_sent[0] == (n - 1) * nbytes
     assert all(hub.bytes_sent[w] == nbytes for w in range(1, n))
-    _, hub_n = _run(ParameterServer(servers=n), _inputs(n, 4096, torch.float32), ReduceOp.SUM)
+    _, hub_n = _run(ParameterServer(servers=n), _inputs(n, 4096, torch.float32), ReduceOp.SUM, lockstep)
     assert max(hub_n.bytes_sent.values()) <= 2 * (n - 1) / n * nbytes + 64 * n  # ~ the ring's
 
 

@@ -1,0 +1,29 @@
+"""``run_calibration_in_job`` on 2 real ranks (Gloo on loopback): rank 0 gets the fit and
+a prediction of the measured step, the other rank None, and the script's world stays up."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from ringtest import run_world
+
+
+def _calibrate() -> Any:
+    from ringtrain import runtime
+    from ringtrain.plan.calibrate import run_calibration_in_job
+
+    cal = run_calibration_in_job(sizes=(4096, 1 << 20, 4 << 20), iters=2, steps=3, warmup=1)
+    return {"cal": cal, "still_up": runtime.is_initialized()}
+
+
+@pytest.mark.timeout(90)
+def test_calibration_in_a_job_fits_its_links_and_predicts_its_step() -> None:
+    got = run_world(_calibrate, 2, timeout=80)
+    assert got[1]["cal"] is None and got[0]["still_up"] and got[1]["still_up"]
+    cal = got[0]["cal"]
+    assert [p.world for p in cal.sweep] == [2, 2, 2] and not cal.link_on_cpu
+    assert cal.fit.bandwidth > 0
+    check = cal.checks[0]
+    # A loose ratio (no absolute time): it catches a broken model, not machine noise.
+    assert 0.5 < check.predicted_inworld_s / check.measured_s < 2.0
