@@ -46,6 +46,8 @@ from typing import Any, Protocol
 import torch
 import torch.distributed as dist
 
+from ringtrain import inflight
+
 __all__ = ["Msg", "Op", "PeerError", "Transport", "GlooTransport", "NcclTransport", "wait_event"]
 
 #: (tensor, peer rank, tag): one message of a round. NCCL ignores the tag.
@@ -138,6 +140,8 @@ class GlooTransport:
     def start(self, sends: Sequence[Msg], recvs: Sequence[Msg],
               timeout: datetime.timedelta) -> tuple[list[Op], list[Op]]:
         group = self._group_for(timeout)
+        # The pieces are views made per round: keep them until Gloo lets go (ringtrain.inflight).
+        inflight.hold(*(t for t, _, _ in recvs), *(t for t, _, _ in sends))
         # Receives first: a receive that is posted lets the peer's data flow at once.
         received = [Op(group.recv([t], src, tag), src, timeout) for t, src, tag in recvs]
         sent = [Op(group.send([t], dst, tag), dst, timeout) for t, dst, tag in sends]
