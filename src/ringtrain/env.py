@@ -19,7 +19,10 @@ none       a 1-process world, so the same script runs without a launcher
 
 Read in every dialect: TORCHELASTIC_USE_AGENT_STORE (torchrun's agent hosts the store),
 GLOO_SOCKET_IFNAME (the interface Gloo binds) and RINGTRAIN_JOB_SECRET (ringrun's per-job
-key for what ringtrain writes to the store, see :mod:`ringtrain.signing`).
+key for what ringtrain writes to the store, see :mod:`ringtrain.signing`). A resizable
+job (``ringrun --min-np/--max-np``) also sets RINGTRAIN_WORLD_VERSION (which of the job's
+successive worlds this is) and RINGTRAIN_ELASTIC_FILE (where ringrun writes the next one,
+see :mod:`ringtrain.launch.assignment`).
 
 Parsing is a pure function of a mapping, so every dialect is unit-tested without
 starting processes.
@@ -65,6 +68,11 @@ class LaunchEnv:
     gloo_interface: str | None = None
     #: ringrun's per-job secret (RINGTRAIN_JOB_SECRET) that seals ringtrain's store values.
     secret: str = field(default="", repr=False)
+    #: A resizable job's world number (RINGTRAIN_WORLD_VERSION; 0: the first world).
+    version: int = 0
+    #: Where ringrun writes a resizable job's next world for this process
+    #: (RINGTRAIN_ELASTIC_FILE; empty: the job has a fixed size).
+    elastic_file: str = ""
 
     def __post_init__(self) -> None:
         where = f"(launcher {self.launcher})"
@@ -276,6 +284,8 @@ def parse_env(env: Mapping[str, str]) -> LaunchEnv:
         agent_store=env.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true",
         gloo_interface=env.get("GLOO_SOCKET_IFNAME") or None,
         secret=env.get("RINGTRAIN_JOB_SECRET", ""),
+        version=_opt_int(env, "RINGTRAIN_WORLD_VERSION", 0) or 0,
+        elastic_file=env.get("RINGTRAIN_ELASTIC_FILE", ""),
     )
 
 

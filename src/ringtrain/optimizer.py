@@ -406,6 +406,17 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._densified = set()
         self._steps += 1
 
+    def world_changed(self) -> None:
+        """The job moved to a world of another size (a resizable job, ``rt.elastic``):
+        forget an interrupted step, average over the new number of ranks, and run the
+        first-step agreements (layout check, sparse parameters) again, as the ranks that
+        just started do."""
+        self._reset()
+        group_size = getattr(self._algorithm, "group_size", None)
+        self._fusion.size = int(group_size()) if callable(group_size) else runtime.size()
+        self._steps = 0
+        self._layout_checked = False
+
     @contextlib.contextmanager
     def skip_synchronize(self) -> Iterator[None]:
         """Run ``step()`` without exchanging again (after an explicit ``synchronize()``)."""

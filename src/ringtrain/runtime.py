@@ -4,6 +4,13 @@
 rendezvouses through a TCP store (or an in-memory one for a 1-process world), starts
 the ``torch.distributed`` process group and pins ``cuda:<local_rank>`` when CUDA is
 there. Everything else in ringtrain asks this module for the world.
+
+A resizable job (``ringrun --min-np/--max-np``) moves from world to world in one
+process: :func:`abandon` leaves a world whose peers may be gone, :func:`assign` names
+the next one (ringrun's assignment), and :func:`init` joins it. Each of its processes
+hosts a store server of its own on the port ringrun reserved for it (any survivor may
+become rank 0), kept for the process's life; every world rendezvouses under its own
+key prefix.
 """
 
 from __future__ import annotations
@@ -12,15 +19,16 @@ import atexit
 import datetime
 import logging
 import os
+import socket
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
-from ringtrain import sockets
+from ringtrain import inflight, sockets
 from ringtrain.env import LaunchEnv, parse_env
 from ringtrain.errors import ConfigError, LaunchEnvError, NotInitializedError
 from ringtrain.settings import Settings, load_settings
@@ -28,7 +36,9 @@ from ringtrain.signing import Signer
 
 __all__ = [
     "World",
+    "abandon",
     "add_shutdown_hook",
+    "assign",
     "mark_broken",
     "connect_store",
     "cross_rank",
@@ -40,6 +50,7 @@ __all__ = [
     "local_size",
     "rank",
     "settings",
+    "sever",
     "shutdown",
     "signer",
     "size",
@@ -72,6 +83,14 @@ _store_prefix = ""
 _broken: str | None = None
 _exit_guard_registered = False
 _shutdown_hooks: list[Callable[[], None]] = []
+#: A resizable job: the launch variables of the world to join next (see assign()), this
+#: process's own store server and its port, the sockets it had before (never severed),
+#: and whether GLOO_SOCKET_IFNAME was set by init() (then each world picks its own).
+_assigned: dict[str, str] = {}
+_own_server: dist.TCPStore | None = None
+_own_port: int | None = None
+_spared: frozenset[int] = frozenset()
+_gloo_iface_ours = False
 
 
 def signer() -> Signer:
@@ -97,6 +116,9 @@ def mark_broken(reason: str) -> None:
 
 def _exit_guard() -> None:
     if _broken is None:
+        # The backend's threads must let go of our tensors while the interpreter can
+        # still take their decrefs (see ringtrain.inflight).
+        inflight.drain()
         return
     for stream in (sys.stdout, sys.stderr):
         try:
@@ -167,6 +189,8 @@ def _store_listener(env: LaunchEnv) -> int:
 
 def _make_store(env: LaunchEnv, timeout: datetime.timedelta) -> dist.Store:
     global _base_store, _generation
+    if env.elastic_file:
+        return _elastic_store(env, timeout)
     if env.size == 1 and env.master_port is None:
         return dist.HashStore()
     assert env.master_port is not None  # guaranteed by LaunchEnv validation
@@ -199,6 +223,108 @@ def _make_store(env: LaunchEnv, timeout: datetime.timedelta) -> dist.Store:
     # hung on stale addresses).
     return dist.PrefixStore(_set_prefix(f"ringtrain/{env.run_id}/{env.attempt}/{_generation}/"),
                             _base_store[1])
+
+
+def _elastic_store(env: LaunchEnv, timeout: datetime.timedelta) -> dist.Store:
+    """A resizable job's store: this process's own server when it is rank 0, else a new
+    connection to rank 0's; the prefix names the world (``.../v<version>/<generation>/``)."""
+    global _base_store, _generation, _own_server, _own_port, _spared
+    assert env.master_port is not None  # guaranteed by LaunchEnv validation
+    if _own_server is None and env.store_fd is not None:
+        from ringtrain.launch import sever as _sever  # standard library only
+
+        before = set(_sever.socket_inodes())
+        reserved = socket.socket(fileno=env.store_fd)
+        addr, port = reserved.getsockname()[:2]
+        reserved.detach()
+        try:
+            _own_server = dist.TCPStore(str(addr), int(port), None, True, timeout=timeout,
+                                        wait_for_workers=False,
+                                        master_listen_fd=sockets.listen_on(env.store_fd))
+        except (OSError, RuntimeError) as exc:
+            raise LaunchEnvError(f"cannot serve this worker's rendezvous on {addr}:{port} ({exc}); "
+                                 "ringrun reserved it, so another process took it") from None
+        _own_port = int(port)
+        # Never severed (see sever()): what existed before (the script's own connections)
+        # and the server's connection to itself, made just now.
+        _spared = frozenset(before | set(_sever.socket_inodes()))
+    key = ("elastic", env.master_addr, env.master_port, env.version, env.run_id, env.attempt)
+    if _base_store is None or _base_store[0] != key:
+        try:
+            base = dist.TCPStore(env.master_addr, env.master_port, env.size, False, timeout=timeout)
+        except RuntimeError as exc:
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+            raise LaunchEnvError(
+                f"rank {env.rank} cannot reach rank 0's rendezvous of world {env.version} at "
+                f"{env.master_addr}:{env.master_port} ({first})") from None
+        _base_store = (key, base)
+        _generation = 0
+    else:
+        _generation += 1
+    return dist.PrefixStore(
+        _set_prefix(f"ringtrain/{env.run_id}/{env.attempt}/v{env.version}/{_generation}/"), _base_store[1])
+
+
+def _acknowledge(env: LaunchEnv) -> None:
+    """Tell ringrun this process has joined world ``env.version`` (a resizable job)."""
+    from ringtrain.launch import assignment
+
+    try:
+        assignment.write_ack(env.elastic_file, env.version)
+    except OSError as exc:  # ringrun then never sees the world form: it does not grow it
+        log.warning("cannot write %s: %s", assignment.ack_path(env.elastic_file), exc.strerror)
+
+
+def assign(overlay: Mapping[str, str]) -> None:
+    """Make the next :func:`init` join the world ``overlay`` describes: launch variables
+    laid over the process's environment (a resizable job's next world, as ringrun wrote
+    it, see :mod:`ringtrain.launch.assignment`). Call it while not initialised."""
+    global _gloo_iface_ours
+    if _world is not None:
+        raise ConfigError("runtime.assign() while initialised: leave the world first "
+                          "(shutdown() or abandon())")
+    _assigned.clear()
+    _assigned.update(overlay)
+    if _gloo_iface_ours:  # chosen for the last world's rank 0: choose again for this one
+        os.environ.pop("GLOO_SOCKET_IFNAME", None)
+        _gloo_iface_ours = False
+
+
+def sever(addresses: Collection[str]) -> int:
+    """Shut down this process's connections to ``addresses`` (a resizable job leaving a
+    world), so nothing of the world waits on a peer that vanished. Spared: the
+    connections the script had before it joined, and those of this process's own store
+    server (other worlds' ranks use it). Returns how many were shut down."""
+    from ringtrain.launch import sever as _sever
+
+    if not addresses:
+        return 0
+    # Connections other processes made to this one's server stay: a later world's ranks
+    # may already be among them.
+    served = {c.inode for c in _sever.connections() if c.local_port == _own_port}
+    return _sever.sever(addresses, spare=_spared | served)
+
+
+def abandon() -> None:
+    """Leave the world without waiting for its peers (a resizable job re-forming after a
+    loss, or growing). Call :func:`sever` on the world's addresses first: then no thread
+    of the old groups waits on a peer, and they are destroyed at once. Clears the broken
+    mark, so the next :func:`init` (after :func:`assign`) starts clean."""
+    global _world, _store, _broken
+    if _world is not None:
+        for fn in list(_shutdown_hooks):
+            try:
+                fn()
+            except Exception as exc:  # noqa: BLE001 - the old world is gone either way
+                log.debug("abandon: shutdown hook failed (%s)", exc)
+        if _world.owns_group and dist.is_initialized():
+            try:
+                dist.destroy_process_group()
+            except Exception as exc:  # noqa: BLE001 - as above
+                log.debug("abandon: destroying the groups failed (%s)", exc)
+    _world = None
+    _store = None
+    _broken = None
 
 
 def _set_prefix(prefix: str) -> str:
@@ -243,7 +369,7 @@ def init(backend: str | None = None, timeout: float | None = None) -> World:
         return _world
     global _exit_guard_registered
     cfg = load_settings(backend=backend, init_timeout=timeout)
-    env = parse_env(os.environ)
+    env = parse_env({**os.environ, **_assigned} if _assigned else os.environ)
     _configure_logging(env)
     if not _exit_guard_registered:
         # Registered first, so it runs last among the exit handlers (they run in reverse).
@@ -261,6 +387,8 @@ def init(backend: str | None = None, timeout: float | None = None) -> World:
         iface = "lo" if _is_loopback(env.master_addr) else _interface_towards(env.master_addr)
         if iface:
             os.environ["GLOO_SOCKET_IFNAME"] = iface
+            global _gloo_iface_ours
+            _gloo_iface_ours = True
     pg_timeout = datetime.timedelta(seconds=cfg.init_timeout)
     store = _make_store(env, pg_timeout)
     _await_everyone(store, env, cfg.init_timeout)
@@ -269,6 +397,8 @@ def init(backend: str | None = None, timeout: float | None = None) -> World:
     _store = store
     _world = World(env=env, backend=chosen, device=dev, settings=cfg, owns_group=True)
     log.info("joined %s world of %d (backend %s, device %s)", env.launcher, env.size, chosen, dev)
+    if env.elastic_file:
+        _acknowledge(env)
     return _world
 
 
@@ -361,6 +491,7 @@ def shutdown() -> None:
         return
     for fn in list(_shutdown_hooks):
         fn()
+    inflight.drain()
     if _world.owns_group and dist.is_initialized():
         dist.destroy_process_group()  # a group the script made itself is the script's to end
     if _world.owns_group and _world.env.size > 1 and _store is not None:

@@ -10,13 +10,18 @@
 #   bash tests/hosts/setup_netns.sh [NHOSTS]        # default 2: rt-h1 10.213.57.11, rt-h2 .12
 #   bash tests/hosts/teardown_netns.sh
 #
+# RT_NETNS_PREFIX, RT_NETNS_NET and RT_NETNS_BRIDGE (default rt-h, 10.213.57, rt-br0) build
+# a second, independent set beside the first (the resize tests use their own, so no other
+# test's teardown takes their hosts away).
+#
 # Prints "ready <state dir>" on success. Needs root, iproute2 and openssh-server.
 set -euo pipefail
 
 NHOSTS="${1:-${RT_NETNS_HOSTS:-2}}"
 STATE="${RT_NETNS_STATE:-/tmp/ringtrain-netns}"
-NET=10.213.57
-BRIDGE=rt-br0
+NET="${RT_NETNS_NET:-10.213.57}"
+BRIDGE="${RT_NETNS_BRIDGE:-rt-br0}"
+PREFIX="${RT_NETNS_PREFIX:-rt-h}"
 
 die() { echo "setup_netns: $*" >&2; exit 1; }
 [ "$(id -u)" = 0 ] || die "needs root (network namespaces and sshd)"
@@ -43,7 +48,7 @@ fi
 
 : > "$STATE/known_hosts.tmp"
 for i in $(seq 1 "$NHOSTS"); do
-    ns="rt-h$i"
+    ns="$PREFIX$i"
     addr="$NET.$((10 + i))"
     if ! ip netns list | grep -qw "$ns"; then
         ip netns add "$ns" || die "cannot create network namespace $ns (kernel refused)"
@@ -93,12 +98,12 @@ for i in $(seq 1 "$NHOSTS"); do
     for j in $(seq 1 "$NHOSTS"); do
         ok=""
         for _ in $(seq 1 50); do
-            if ip netns exec "rt-h$i" timeout 1 bash -c "exec 3<>/dev/tcp/$NET.$((10 + j))/22" 2>/dev/null; then
+            if ip netns exec "$PREFIX$i" timeout 1 bash -c "exec 3<>/dev/tcp/$NET.$((10 + j))/22" 2>/dev/null; then
                 ok=1; break
             fi
             sleep 0.1
         done
-        [ -n "$ok" ] || die "rt-h$i cannot reach $NET.$((10 + j)):22"
+        [ -n "$ok" ] || die "$PREFIX$i cannot reach $NET.$((10 + j)):22"
     done
 done
 echo "ready $STATE"

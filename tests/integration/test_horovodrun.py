@@ -53,8 +53,8 @@ def test_the_same_script_runs_under_ringrun() -> None:
     (["--mpi"], "--mpi is not supported"),
     (["--jsrun"], "--jsrun is not supported"),
     (["--mpi-args=--map-by ppr:1:node"], "--mpi-args is not supported"),
-    (["--min-np", "1", "--max-np", "4"], "elastic resizing"),
-    (["--host-discovery-script", "discover.sh"], "elastic resizing is not supported yet"),
+    (["--min-np", "3", "--max-np", "2"], "--max-np 2 is below --min-np 3"),
+    (["--host-discovery-script", "discover.sh"], "is not an executable file"),
     (["--network-interface", "eth0,eth1"], "give one interface"),
 ])
 def test_unsupported_flags_are_one_line_and_exit_2(flags: list[str], fragment: str) -> None:

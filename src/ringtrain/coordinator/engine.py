@@ -128,6 +128,7 @@ class Engine:
         self._joined: set[int] = set()
         self._last_joined = -1
         self._stopping_local = False
+        self._aborted = False
         self._failed: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="ringtrain-coordinator", daemon=True)
         self._thread.start()
@@ -221,6 +222,9 @@ class Engine:
 
     def shutdown(self, timeout: float = 30.0) -> None:
         """Leave the cycles once every rank has asked to (collective)."""
+        if self._aborted:  # the others are not asked: the world is gone (see abort)
+            self.sets.clear()
+            return
         with self._lock:
             self._stopping_local = True
             try:
@@ -236,6 +240,23 @@ class Engine:
             if ps.process_set_id != 0:
                 ps._unbind()
         self.sets.clear()
+
+    def abort(self, reason: str, sever: Callable[[], object] = lambda: None, timeout: float = 5.0) -> None:
+        """Stop without the other ranks (a resizable job leaving a world that changed):
+        pending operations fail and no cycle runs any more. The cycle thread is woken
+        through the store first (it then leaves quietly); ``sever()`` then closes the
+        world's connections (``runtime.sever``), which ends whatever of it still waits on
+        a peer, and the thread is waited for up to ``timeout``."""
+        with self._lock:
+            self._aborted = True
+            cycle = self._cycle
+        self._fail_all(CollectiveError(reason))
+        try:
+            self._waker.signal(cycle)
+        except Exception as exc:  # noqa: BLE001 - the store's host may be gone
+            log.debug("coordinator abort: cannot wake the cycle thread (%s)", exc)
+        sever()
+        self._thread.join(timeout)
 
     def stall_error(self, meta: Meta, timeout: float) -> StallError:
         with self._lock:
@@ -256,7 +277,7 @@ class Engine:
     def _run(self) -> None:
         try:
             for k in itertools.count():
-                if not self._wait_for_cycle(k):
+                if not self._wait_for_cycle(k) or self._aborted:
                     return
                 if self._cycle_once(k):
                     return

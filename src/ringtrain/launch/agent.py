@@ -23,6 +23,19 @@ ringrun <- agent   ``L <port>``       rank 0's rendezvous port is reserved (boun
                                       newline ending this protocol line is not in it)
                    ``X <rank> <code>``  a worker exited (negative: killed by that signal)
                    ``E <message>``    the agent could not do what the spec asked
+
+A resizable job (``ringrun --min-np/--max-np``, :mod:`ringtrain.launch.elastic`) names
+workers by a number of their own instead of ``<rank>`` (ranks change as the job does)
+and adds:
+
+ringrun -> agent   ``{"reserve": [{"id": N, "addr": A}, ...]}``  before the spec: reserve
+                                      a rendezvous port on A for each worker (each may
+                                      become rank 0 of a later world); the spec's worker
+                                      N inherits it as RINGTRAIN_STORE_FD
+ringrun <- agent   ``K <id> <port>``  worker <id>'s port is reserved
+ringrun -> agent   ``{"assign": {"<id>": {...}}}``  after the spec: write each worker's
+                                      next world to its RINGTRAIN_ELASTIC_FILE
+ringrun <- agent   ``J <id> <version>``  worker <id> joined world <version> (its ack file)
 """
 
 from __future__ import annotations
@@ -45,8 +58,9 @@ if not __package__:  # run as a plain script: make this tree's ringtrain importa
 from ringtrain import sockets  # noqa: E402 - standard library only, as this module
 
 if __package__:
-    from ringtrain.launch import network, output, reaper
+    from ringtrain.launch import assignment, network, output, reaper
 else:  # run as a script: this file's folder is on sys.path
+    import assignment  # type: ignore[no-redef]
     import network  # type: ignore[no-redef]
     import output  # type: ignore[no-redef]
     import reaper  # type: ignore[no-redef]
@@ -115,6 +129,10 @@ class _Agent:
         self.heartbeat_timeout = 0.0  # 0: no heartbeat expected
         self.run_id: str | None = None
         self.watchdog: reaper.Watchdog | None = None
+        #: Resizable jobs: each worker's reserved rendezvous socket and world files.
+        self.reserved: dict[int, socket.socket] = {}
+        self.files: dict[int, str] = {}
+        self.acked: dict[int, int] = {}
 
     def send(self, line: bytes) -> None:
         with self.lock:
@@ -155,6 +173,13 @@ class _Agent:
             if listener is not None and rank == 0:
                 env["RINGTRAIN_STORE_FD"] = str(listener.fileno())
                 fds = (listener.fileno(),)
+            if rank in self.reserved:
+                env["RINGTRAIN_STORE_FD"] = str(self.reserved[rank].fileno())
+                fds = (self.reserved[rank].fileno(),)
+            world_file = item["env"].get("RINGTRAIN_ELASTIC_FILE")
+            if world_file:
+                self.files[rank] = world_file
+                os.makedirs(os.path.dirname(world_file) or ".", exist_ok=True)
             try:
                 proc = subprocess.Popen(
                     spec["command"], env=env, cwd=cwd or None, stdin=subprocess.DEVNULL,
@@ -165,6 +190,8 @@ class _Agent:
                 raise _Refused(f"cannot run {spec['command'][0]!r} on host {socket.gethostname()}: "
                                f"{exc.strerror}; check PATH there (pass it with -x PATH)") from None
             self.procs[rank] = proc
+            if rank in self.reserved:
+                self.reserved.pop(rank).close()  # the worker holds its own copy
             if self.watchdog is not None:
                 self.watchdog.watch_group(proc.pid)
             self.send(f"S {rank} {proc.pid}".encode())
@@ -192,6 +219,7 @@ class _Agent:
                 return 3
             if self.stopping.is_set():
                 self.stop()
+            self._relay_acks()
             for rank, proc in self.procs.items():
                 code = proc.poll()
                 if code is not None and rank not in reported:
@@ -200,6 +228,42 @@ class _Agent:
                     self.send(f"X {rank} {code}".encode())
             time.sleep(0.02)
         return next((abs(c) for c in reported.values() if c != 0), 0)
+
+    def reserve(self, items: list[dict[str, Any]]) -> None:
+        """Reserve a rendezvous port for each worker of a resizable job; report them."""
+        for item in items:
+            sock = _reserve(str(item["addr"]), 0)
+            self.reserved[int(item["id"])] = sock
+            self.send(f"K {int(item['id'])} {sock.getsockname()[1]}".encode())
+
+    def control(self, message: dict[str, Any]) -> None:
+        """A line from ringrun after the spec: write the workers' next worlds."""
+        for key, world in (message.get("assign") or {}).items():
+            path = self.files.get(int(key))
+            if path:
+                try:
+                    assignment.write_assignment(path, world)
+                except OSError as exc:
+                    self.send(f"E cannot write {path} on host {socket.gethostname()}: {exc.strerror}".encode())
+
+    def _relay_acks(self) -> None:
+        for worker, path in self.files.items():
+            version = assignment.read_ack(path)
+            if version is not None and self.acked.get(worker) != version:
+                self.acked[worker] = version
+                self.send(f"J {worker} {version}".encode())
+
+    def remove_files(self) -> None:
+        for path in self.files.values():
+            for name in (path, assignment.ack_path(path)):
+                try:
+                    os.unlink(name)
+                except OSError:
+                    pass
+            try:
+                os.rmdir(os.path.dirname(path))
+            except OSError:
+                pass  # other workers' files are still there (or it is gone)
 
     def stop(self) -> None:
         for proc in self.procs.values():
@@ -248,9 +312,15 @@ def _reserve(addr: str, port: int) -> socket.socket:
 
 
 def _watch_stdin(agent: _Agent, stdin: IO[bytes]) -> None:
-    # Lines after the spec are heartbeats; end of input means "stop now".
-    while stdin.readline():
+    # Lines after the spec are heartbeats (empty) or, for a resizable job, a worker's
+    # next world; end of input means "stop now".
+    while line := stdin.readline():
         agent.last_heard = time.monotonic()
+        if line.strip():
+            try:
+                agent.control(json.loads(line))
+            except (ValueError, AttributeError, TypeError):
+                pass  # not ringrun's (nothing else writes to this pipe)
     agent.stopping.set()
 
 
@@ -262,10 +332,13 @@ def main() -> int:
     agent.send(b"R " + json.dumps(info()).encode())
     stdin = sys.stdin.buffer
     first = stdin.readline()
-    if not first.strip():
-        return 0  # ringrun went away before sending a spec (e.g. another host failed)
     listener = None
     try:
+        if first.strip() and "reserve" in (request := json.loads(first)):
+            agent.reserve(request["reserve"])
+            first = stdin.readline()
+        if not first.strip():
+            return 0  # ringrun went away before sending a spec (e.g. another host failed)
         spec = json.loads(first)
         agent.heartbeat_timeout = float(spec.get("heartbeat_timeout") or 0)
         agent.last_heard = time.monotonic()
@@ -280,6 +353,7 @@ def main() -> int:
         agent.send(f"E {exc}".encode())
         agent.stop()
         agent.close_watchdog()
+        agent.remove_files()
         return 2
     finally:
         if listener is not None:
@@ -290,6 +364,7 @@ def main() -> int:
     finally:
         agent.stop()  # what finished ranks left running: their groups, what left them
         agent.close_watchdog()
+        agent.remove_files()
 
 
 if __name__ == "__main__":

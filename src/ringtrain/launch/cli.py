@@ -3,6 +3,7 @@
     ringrun -np 4 python train.py
     ringrun -np 16 -H server1:4,server2:4,server3:4,server4:4 python train.py
     ringrun -np 8 --hostfile hosts.txt --max-restarts 3 python train.py
+    ringrun --min-np 2 --max-np 8 --host-discovery-script ./hosts.sh python train.py
 
 Parsing and checking are pure (``build_config``: a config and its warnings); ``main``
 is the only place that prints them and turns errors into a message and an exit code.
@@ -26,6 +27,7 @@ from ringtrain.launch.job import JobConfig, run_job
 from ringtrain.launch.output import check_output_dir
 from ringtrain.launch.slots import local_slots
 from ringtrain.launch.ssh import SshOptions, parse_ssh_option
+from ringtrain.launch.worlds import ElasticConfig
 from ringtrain.settings import flag_specs, settings_env
 
 __all__ = ["build_config", "build_parser", "main"]
@@ -50,11 +52,22 @@ def build_parser() -> argparse.ArgumentParser:
     hosts.add_argument("-H", "--hosts", help="hosts and slots, e.g. server1:4,server2:4 (default "
                                              "localhost, or the nodes of the Slurm allocation)")
     hosts.add_argument("--hostfile", help="file with lines 'host slots=N'")
+    hosts.add_argument("--host-discovery-script", metavar="SCRIPT",
+                       help="resizable job: an executable that prints the hosts available now, "
+                            "one 'host:slots' line each (run about every second)")
     p.add_argument("--oversubscribe", action="store_true",
                    help="allow more ranks than slots (this host's GPUs, else its CPU cores, "
                         "or the slots given with -H / --hostfile)")
     p.add_argument("--max-restarts", type=int, default=0,
                    help="restart the whole job up to K times when a worker dies (default 0)")
+    elastic = p.add_argument_group("resizable jobs (Horovod's elastic mode; see docs/launch.md)")
+    elastic.add_argument("--min-np", type=int, metavar="M",
+                         help="go on with at least M ranks when workers or hosts are lost")
+    elastic.add_argument("--max-np", type=int, metavar="N",
+                         help="grow onto new hosts up to N ranks (default: the slots of -H, or "
+                              "no limit with --host-discovery-script)")
+    elastic.add_argument("--reset-limit", type=int, metavar="K",
+                         help="end a resizable job after K changes of size (default: no limit)")
     p.add_argument("--output-filename", metavar="DIR",
                    help="write each rank's output to DIR/rank.N.log instead of the terminal")
     p.add_argument("--no-prefix", action="store_true", help="do not prefix output lines with [rank]")
@@ -158,9 +171,12 @@ class _Where:
 def _where(args: argparse.Namespace, warnings: list[str]) -> _Where:
     """-H, --hostfile, the Slurm allocation ringrun runs in, or this host, in that order."""
     np = args.np
+    if args.host_discovery_script:  # resizable: the script says where, at run time
+        return _Where([], np or 0)
     if args.hosts or args.hostfile:
         hosts = parse_hosts(args.hosts) if args.hosts else parse_hostfile(args.hostfile)
-        return _Where(hosts, _required_np(np))
+        resizable = args.min_np is not None or args.max_np is not None
+        return _Where(hosts, np or 0 if resizable else _required_np(np))
     alloc = slurm.allocation(os.environ)
     if alloc is not None:  # inside sbatch/salloc: the allocation's nodes, each by a job step
         hosts = list(alloc.hosts)
@@ -183,6 +199,43 @@ def _required_np(np: int | None) -> int:
     return int(np)
 
 
+#: ``--max-np`` of a resizable job with a discovery script and no --max-np: no limit.
+UNLIMITED_NP = 1_000_000
+
+
+def _elastic(args: argparse.Namespace, where: _Where, warnings: list[str]) -> ElasticConfig | None:
+    """The resizable job's settings, or None for a fixed-size job."""
+    if args.min_np is None and args.max_np is None and not args.host_discovery_script:
+        if args.reset_limit is not None:
+            raise ConfigError("--reset-limit applies to a resizable job; add --min-np and --max-np")
+        return None
+    if where.transport == "srun":
+        raise ConfigError("a resizable job (--min-np/--max-np) cannot run inside a Slurm "
+                          "allocation (its nodes are fixed); pass -H or --host-discovery-script")
+    if args.max_restarts:
+        raise ConfigError("--max-restarts restarts a fixed-size job; a resizable one goes on "
+                          "with the ranks left (use --reset-limit to bound its changes)")
+    if args.master_addr or args.master_port is not None:
+        raise ConfigError("--master-addr/--master-port cannot be used with --min-np/--max-np: "
+                          "rank 0, and with it the rendezvous, may move to another host")
+    script = args.host_discovery_script
+    if script and not (os.path.isfile(script) and os.access(script, os.X_OK)):
+        raise ConfigError(f"--host-discovery-script {script} is not an executable file; "
+                          "chmod +x it or check the path")
+    if args.oversubscribe:
+        warnings.append("--oversubscribe has no effect on a resizable job (one rank per slot)")
+    min_np = args.min_np if args.min_np is not None else args.np
+    if min_np is None:
+        raise ConfigError("--min-np M is needed for a resizable job (the fewest ranks it may go on with)")
+    slots = sum(h.slots for h in where.hosts)
+    max_np = args.max_np if args.max_np is not None else (UNLIMITED_NP if script else slots)
+    if not script and max_np > slots:
+        raise ConfigError(f"--max-np {max_np} is more than the {slots} slots of the hosts listed; "
+                          "lower it, or add hosts (or use --host-discovery-script)")
+    return ElasticConfig(min_np=min_np, max_np=max_np, hosts=tuple(where.hosts),
+                         discovery_script=script, np=args.np, reset_limit=args.reset_limit)
+
+
 def build_config(argv: list[str]) -> JobConfig:
     args = build_parser().parse_args(argv)
     command = list(args.command)
@@ -198,16 +251,23 @@ def build_config(argv: list[str]) -> JobConfig:
     if args.master_port is not None and not 0 < args.master_port < 65536:
         raise ConfigError(f"--master-port {args.master_port} is not a TCP port; use 1..65535")
     warnings: list[str] = []
+    if args.host_discovery_script or args.min_np is not None or args.max_np is not None:
+        if not (args.hosts or args.hostfile or args.host_discovery_script):
+            raise ConfigError("a resizable job (--min-np/--max-np) needs its hosts: -H, "
+                              "--hostfile or --host-discovery-script")
     where = _where(args, warnings)
     hosts, transport = where.hosts, where.transport
-    placements = place_ranks(hosts, where.np, oversubscribe=args.oversubscribe,
-                             slots_note=where.note)
+    elastic = _elastic(args, where, warnings)
+    placements = [] if elastic is not None else place_ranks(
+        hosts, where.np, oversubscribe=args.oversubscribe, slots_note=where.note)
 
     def local(host: str) -> bool:
         return transport == "ssh" and is_local_host(host)
 
-    multi_host = any(not local(p.host) for p in placements)
-    any_local = any(local(p.host) for p in placements)
+    named = [p.host for p in placements] if elastic is None else [h.name for h in hosts]
+    # A discovery script's hosts are not known yet: assume they may be remote.
+    multi_host = any(not local(h) for h in named) or bool(args.host_discovery_script)
+    any_local = any(local(h) for h in named)
     interface = _check_interface(args.network_interface, any_local, multi_host, warnings)
     if sum(local(h.name) for h in hosts) > 1:
         raise ConfigError("this host is listed more than once (e.g. localhost and 127.0.0.1); "
@@ -228,6 +288,7 @@ def build_config(argv: list[str]) -> JobConfig:
         warnings=tuple(warnings),
         transport=transport,
         slurm_cpus=where.slurm_cpus,
+        elastic=elastic,
     )
 
 

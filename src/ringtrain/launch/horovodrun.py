@@ -22,11 +22,11 @@ Three kinds of Horovod flags:
   ``--stall-check-shutdown-time-seconds`` (``stall_timeout``: ringtrain's stall check
   ends the job, as Horovod's shutdown does); a fixed-size elastic job (``--min-np`` =
   ``--max-np`` = ``-np``) restarts from its last commit up to ``--reset-limit`` times
-  (default 3) through ``--max-restarts``;
+  (default 3) through ``--max-restarts``; a resizable one (``--min-np`` < ``--max-np``,
+  or ``--host-discovery-script``) is ringrun's ``--min-np/--max-np`` job, resized in
+  place (``--reset-limit``: ringrun's, the most changes of size);
 - refused, one line and exit 2: what would run a different system (``--mpi``,
-  ``--jsrun``, ``--mpi-args``, ``--binding-args``), ``--config-file``, and elastic
-  resizing (``--min-np`` < ``--max-np``, ``--host-discovery-script``), which ringrun
-  cannot do yet;
+  ``--jsrun``, ``--mpi-args``, ``--binding-args``) and ``--config-file``;
 - accepted with a warning that they have no effect here: Horovod's own tuning knobs
   (cycle time, cache, hierarchical collectives, autotune, logging, NCCL streams, ...).
 """
@@ -118,14 +118,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeline-filename", help="write a Chrome trace timeline to this file")
     p.add_argument("--stall-check-shutdown-time-seconds", type=float,
                    help="seconds a stalled exchange may wait before the job ends")
-    elastic = p.add_argument_group("elastic (fixed size only: --min-np = --max-np = -np)")
+    elastic = p.add_argument_group("elastic (--min-np = --max-np: restarts; otherwise resized in place)")
     elastic.add_argument("--min-np", "--min-num-proc", dest="min_np", type=int)
     elastic.add_argument("--max-np", "--max-num-proc", dest="max_np", type=int)
-    elastic.add_argument("--reset-limit", type=int, help=f"restarts (default {DEFAULT_RESET_LIMIT})")
+    elastic.add_argument("--reset-limit", type=int, help="restarts of a fixed-size job (default "
+                         f"{DEFAULT_RESET_LIMIT}); changes of size of a resizable one (default: no limit)")
     hosts = p.add_mutually_exclusive_group()
     hosts.add_argument("-H", "--hosts", help="hosts and slots, e.g. host1:2,host2:4")
     hosts.add_argument("-hostfile", "--hostfile", help="file of 'host slots=N' or 'host:N' lines")
-    hosts.add_argument("--host-discovery-script", help="(elastic resizing: not supported yet)")
+    hosts.add_argument("--host-discovery-script", help="executable printing 'host:slots' lines "
+                       "(a resizable job)")
     controller = p.add_mutually_exclusive_group()
     controller.add_argument("--gloo", action="store_true", help="the Gloo controller (the only one)")
     controller.add_argument("--mpi", dest="use_mpi", action="store_true", help="(not supported)")
@@ -161,20 +163,34 @@ def _setting_flag(name: str) -> str:
     return next(spec.flag for spec in flag_specs() if spec.field == name)
 
 
-def _elastic(args: argparse.Namespace) -> int | None:
-    """The fixed size of an 'elastic' job (min = max), or None when not elastic."""
+def _resizable(args: argparse.Namespace) -> bool:
+    """Whether the job changes size in place (ringrun's --min-np/--max-np)."""
     if args.host_discovery_script:
-        raise ConfigError("--host-discovery-script: elastic resizing is not supported yet (ringrun "
-                          "restarts a job at its size); list the hosts with -H or --hostfile")
+        return True
     if args.min_np is None and args.max_np is None:
+        return False
+    return len({n for n in (args.np, args.min_np, args.max_np) if n is not None}) > 1 \
+        or args.min_np is None or args.max_np is None
+
+
+def _elastic(args: argparse.Namespace) -> int | None:
+    """The fixed size of an 'elastic' job (min = max = -np), or None otherwise."""
+    if args.min_np is None or args.max_np is None or _resizable(args):
         return None
-    sizes = {n for n in (args.np, args.min_np, args.max_np) if n is not None}
-    if len(sizes) != 1 or args.min_np is None or args.max_np is None:
-        raise ConfigError(
-            f"elastic resizing (-np {args.np}, --min-np {args.min_np}, --max-np {args.max_np}) is "
-            "not supported yet: ringrun restarts a job at its size; give --min-np = --max-np = -np "
-            "for a fixed-size job that restarts from its last commit, or drop them")
-    return sizes.pop()
+    return int(args.min_np)
+
+
+def _resize_flags(args: argparse.Namespace) -> list[str]:
+    """ringrun's flags for a resizable job (Horovod's --min-np defaults to -np)."""
+    min_np = args.min_np if args.min_np is not None else args.np
+    if min_np is None:
+        raise ConfigError("--min-np is needed for an elastic job (or -np, which it defaults to)")
+    out = ["--min-np", str(min_np)]
+    if args.max_np is not None:
+        out += ["--max-np", str(args.max_np)]
+    if args.reset_limit is not None:
+        out += ["--reset-limit", str(args.reset_limit)]
+    return out
 
 
 def translate(argv: list[str], environ: Mapping[str, str] | None = None) -> Translation:
@@ -187,16 +203,22 @@ def translate(argv: list[str], environ: Mapping[str, str] | None = None) -> Tran
         if getattr(args, dest):
             raise ConfigError(f"{flag} is not supported: {why}")
     fixed = _elastic(args)
+    resizable = _resizable(args)
     np = args.np if args.np is not None else fixed
-    if np is None:
+    if np is None and not resizable:
         raise ConfigError("-np is required, e.g. 'horovodrun -np 2 python train.py'")
-    out = ["-np", str(np)]
-    if args.hosts:
+    out = ["-np", str(np)] if np is not None else []
+    if resizable:
+        out += _resize_flags(args)
+    if args.host_discovery_script:
+        out += ["--host-discovery-script", args.host_discovery_script]
+    elif args.hosts:
         out += ["-H", args.hosts]
     elif args.hostfile:
         out += ["--hostfile", args.hostfile]
     else:
-        out += ["-H", f"localhost:{max(1, np)}"]  # Horovod's default: localhost:<np>
+        # Horovod's default: localhost:<np> (a resizable job: room for --max-np)
+        out += ["-H", f"localhost:{max(1, args.max_np or np or 1)}"]
     if args.ssh_port is not None:
         out += ["-p", str(args.ssh_port)]
     if args.ssh_identity_file:
@@ -234,7 +256,7 @@ def translate(argv: list[str], environ: Mapping[str, str] | None = None) -> Tran
     if fixed is not None:
         limit = DEFAULT_RESET_LIMIT if args.reset_limit is None else args.reset_limit
         out += ["--max-restarts", str(limit)]
-    elif args.reset_limit is not None:
+    elif args.reset_limit is not None and not resizable:
         out += ["--max-restarts", str(args.reset_limit)]
     warnings = [f"{names[-1]} has no effect with ringtrain (ignored)" for names, _ in _NO_EFFECT
                 if getattr(args, "ignored_" + names[-1].lstrip("-").replace("-", "_")) not in (None, False)]

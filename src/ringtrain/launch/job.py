@@ -37,8 +37,9 @@ from ringtrain.launch.proc import Member, Worker, stop_all
 from ringtrain.launch.remote import HOST_LOST, RemoteHost
 from ringtrain.launch.slurm import srun_argv
 from ringtrain.launch.ssh import AGENT_SCRIPT, SshOptions, agent_command, forwarded_env, ssh_argv
+from ringtrain.launch.worlds import ElasticConfig
 
-__all__ = ["JobConfig", "choose_master_addr", "describe_exit", "run_job", "worker_env"]
+__all__ = ["JobConfig", "choose_master_addr", "describe_exit", "reach_address", "run_job", "worker_env"]
 
 #: Seconds without ringrun's heartbeat after which a host agent stops its ranks: a network
 #: partition closes no connection, and the ranks must not outlive their job. Twice
@@ -79,6 +80,9 @@ class JobConfig:
     transport: str = "ssh"
     #: CPUs of the Slurm job on each node (srun transport), for the agent's job step.
     slurm_cpus: dict[str, int] = field(default_factory=dict)
+    #: A resizable job (``--min-np/--max-np``, run by :mod:`ringtrain.launch.elastic`);
+    #: then ``placements`` is empty and the hosts come from here.
+    elastic: ElasticConfig | None = None
 
     def is_local(self, host: str) -> bool:
         """Whether ``host``'s ranks are started here directly (no agent)."""
@@ -197,7 +201,11 @@ def choose_master_addr(cfg: JobConfig, infos: dict[str, dict[str, Any]]) -> str:
     """
     if cfg.master_addr:
         return cfg.master_addr
-    host0 = cfg.placements[0].host
+    return reach_address(cfg, cfg.placements[0].host, infos)
+
+
+def reach_address(cfg: JobConfig, host0: str, infos: dict[str, dict[str, Any]]) -> str:
+    """The address every host reaches ``host0`` at (see :func:`choose_master_addr`)."""
     iface = cfg.network_interface
     if cfg.is_local(host0):
         if not infos:
@@ -402,6 +410,10 @@ def _failure_text(member: Member, rank: int, code: int, others: int) -> str:
 
 def run_job(cfg: JobConfig) -> int:
     """Run the job to completion; returns ringrun's exit code."""
+    if cfg.elastic is not None:
+        from ringtrain.launch.elastic import run_elastic
+
+        return run_elastic(cfg)
     run_id = uuid.uuid4().hex[:12]
     sink = OutputSink(cfg.output_dir, cfg.prefix_output)
     stop_flag: list[int] = []

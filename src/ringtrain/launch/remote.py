@@ -41,6 +41,9 @@ class RemoteHost:
         self.port: int | None = None
         self.error: str | None = None
         self.pids: dict[int, int] = {}
+        #: Resizable jobs: each worker's reserved rendezvous port, the world it joined last.
+        self.reserved: dict[int, int] = {}
+        self.joined: dict[int, int] = {}
         self._exits: dict[int, int] = {}
         self.ssh_tail: collections.deque[str] = collections.deque(maxlen=5)
         self._ready = threading.Event()
@@ -95,6 +98,9 @@ class RemoteHost:
                 self._ready.set()
             elif kind == b"L":
                 self.port = int(rest)
+            elif kind in (b"K", b"J"):
+                worker, _, number = rest.partition(b" ")
+                (self.reserved if kind == b"K" else self.joined)[int(worker)] = int(number)
             elif kind == b"E":
                 self.error = rest.decode(errors="replace").strip()
             else:  # not from the agent (a login banner, a shell error): keep it for the report
@@ -124,12 +130,23 @@ class RemoteHost:
         return "no answer"
 
     def send_spec(self, spec: dict[str, Any]) -> None:
-        assert self.proc is not None and self.proc.stdin is not None
+        """The spec, or for a resizable job a reservation request or a control message."""
+        if self.proc is None or self.proc.stdin is None or self.proc.stdin.closed:
+            return
         try:
             self.proc.stdin.write(json.dumps(spec).encode() + b"\n")
             self.proc.stdin.flush()
-        except (BrokenPipeError, OSError):
+        except (BrokenPipeError, OSError, ValueError):
             pass  # the connection broke: exits() reports it
+
+    def wait_reserved(self, workers: list[int], deadline: float) -> bool:
+        """Wait for the agent's ``K`` line of every worker (resizable jobs)."""
+        while any(w not in self.reserved for w in workers) and self.error is None:
+            if self.ssh_done() or time.monotonic() > deadline:
+                time.sleep(0.1)  # let the reader take the last lines
+                break
+            time.sleep(0.01)
+        return all(w in self.reserved for w in workers)
 
     def heartbeat(self) -> None:
         """Tell the agent ringrun is alive (it stops its ranks after a silence)."""

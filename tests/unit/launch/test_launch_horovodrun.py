@@ -62,6 +62,23 @@ def test_elastic_size_without_np_is_the_fixed_size() -> None:
     assert _argv("--min-np 3 --max-np 3 true")[:2] == ["-np", "3"]
 
 
+@pytest.mark.parametrize("line,want", [
+    ("-np 3 --min-np 2 --max-np 4 true",
+     ["-np", "3", "--min-np", "2", "--max-np", "4", "-H", "localhost:4", "--", "true"]),
+    ("-np 2 --min-np 2 true", ["-np", "2", "--min-np", "2", "-H", "localhost:2", "--", "true"]),
+    ("-np 2 --max-np 3 true", ["-np", "2", "--min-np", "2", "--max-np", "3", "-H", "localhost:3",
+                               "--", "true"]),
+    ("--min-np 2 --max-np 8 --host-discovery-script ./d.sh --reset-limit 4 true",
+     ["--min-np", "2", "--max-np", "8", "--reset-limit", "4", "--host-discovery-script", "./d.sh",
+      "--", "true"]),
+    ("-np 2 --min-np 1 --max-np 2 -H a:1,b:1 true",
+     ["-np", "2", "--min-np", "1", "--max-np", "2", "-H", "a:1,b:1", "--", "true"]),
+])
+def test_resizing_flags_become_ringruns_resizable_job(line: str, want: list[str]) -> None:
+    """--min-np < --max-np (or a discovery script) is resized in place, not restarted."""
+    assert _argv(line) == want
+
+
 def test_start_timeout_comes_from_horovods_variable() -> None:
     assert "--start-timeout" not in _argv("-np 1 true")
     assert _argv("-np 1 true", {"HOROVOD_START_TIMEOUT": "45"})[4:6] == ["--start-timeout", "45"]
@@ -73,10 +90,7 @@ def test_start_timeout_comes_from_horovods_variable() -> None:
     ("-np 2 --jsrun true", "--jsrun is not supported"),
     ("-np 2 --binding-args=x true", "--binding-args is not supported"),
     ("-np 2 --config-file c.yaml true", "--config-file is not supported"),
-    ("-np 2 --min-np 1 --max-np 4 true", "elastic resizing"),
-    ("-np 2 --min-np 2 true", "elastic resizing"),
-    ("-np 2 --max-np 3 --min-np 3 true", "elastic resizing"),
-    ("-np 2 --host-discovery-script d.sh true", "--host-discovery-script"),
+    ("--max-np 4 true", "--min-np is needed"),
     ("-np 2 --network-interface eth0 --network-interface eth1 true", "give one interface"),
     ("-np 2 --fusion-threshold-mb -1 true", "must be >= 0"),
     ("-np 2 --gloo --mpi true", "not allowed with argument"),

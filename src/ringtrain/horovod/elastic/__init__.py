@@ -1,4 +1,4 @@
-"""``hvd.elastic``: Horovod's elastic API on ringtrain's restart and resume machinery.
+"""``hvd.elastic``: Horovod's elastic API on ringtrain's restart and resize machinery.
 
     @hvd.elastic.run
     def train(state):
@@ -9,12 +9,18 @@
     state = hvd.elastic.TorchState(model, optimizer, epoch=0, batch=0)
     train(state)
 
-``run`` syncs the state from rank 0 and calls the function. When a rank dies, the
-others' next collective fails with :class:`HorovodInternalError`; the launcher
-(``horovodrun``/``ringrun --max-restarts K``) restarts the job and ``run`` resumes it
-from the last commit that rank 0 persisted, calling the reset callbacks. Resizing in
-place (continuing with fewer ranks without a restart) is not done: a restarted job
-runs with the hosts the launcher has (see docs/migrate.md).
+Under ``horovodrun``/``ringrun --min-np M --max-np N`` (a resizable job) the job
+changes size in place, as Horovod's does: when a rank or host dies the others' next
+collective fails with :class:`HorovodInternalError`; ``run`` restores the last commit
+(in memory, no disk), leaves the broken world, joins the smaller one ringrun forms,
+calls the reset callbacks (``hvd.size()`` is the new size there) and syncs the state
+from rank 0. When the discovery script reports new hosts, ``state.commit()`` raises
+:class:`HostsUpdatedInterrupt` on every rank at the same commit and the job moves to
+the larger world; the new ranks get the state by the sync. The engine is
+:func:`ringtrain.elastic.drive`.
+
+In a fixed-size job (``--max-restarts K``) a failure ends the job; ringrun restarts it
+and ``run`` resumes from the last commit that rank 0 persisted (see ``state``).
 """
 
 from __future__ import annotations
@@ -34,16 +40,43 @@ log = logging.getLogger("ringtrain.horovod.elastic")
 T = TypeVar("T")
 
 
+def _leave(sever: Callable[[], object]) -> None:
+    """Leave a world that changed without waiting for its ranks (some may be gone)."""
+    from ringtrain import runtime
+    from ringtrain.horovod import basics
+
+    eng = basics._engine  # the facade's own coordinator; ending it is this module's job
+    if eng is not None:
+        eng.abort("the job changed size", sever=sever)
+    else:
+        sever()
+    runtime.abandon()  # the groups go now; hvd.shutdown() then finds nothing to wait for
+    basics.shutdown()
+
+
+def _join() -> None:
+    from ringtrain.horovod import basics, handles
+
+    # Unnamed operations are numbered from 0 in every world: the ranks that join a
+    # running job start counting there too.
+    handles._counters.clear()
+    basics.init()
+
+
 def run(func: Callable[..., T]) -> Callable[..., T]:
     """Run ``func(state, ...)`` elastically (see the module doc)."""
 
     @functools.wraps(func)
     def wrapper(state: State, *args: Any, **kwargs: Any) -> T:
-        from ringtrain import runtime
+        from ringtrain import elastic, runtime
         from ringtrain.horovod.basics import init, is_initialized
 
         if not is_initialized():
             init()
+        if elastic.resizable():
+            # Every world starts from rank 0's state: the first, and for a rank that
+            # joins a running job, the one it joins.
+            return elastic.drive(lambda: func(state, *args, **kwargs), state, _leave, _join, state.sync)
         resumed = state.resume_from_disk()
         state.sync()
         if resumed:

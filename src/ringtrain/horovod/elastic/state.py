@@ -1,13 +1,14 @@
 """``hvd.elastic`` states: what a job commits, restores after a failure and syncs to
 every rank.
 
-On ringtrain an elastic job recovers by restarting (``horovodrun``/``ringrun
---max-restarts K``): a failed collective raises :class:`HorovodInternalError`, the job
-is restarted, and :func:`ringtrain.horovod.elastic.run` resumes it from the last
-*persisted* commit. ``commit()`` keeps a copy in memory (``restore()`` returns to it) and
-rank 0 writes it to ``RINGTRAIN_ELASTIC_DIR`` (default ``.ringtrain-elastic/<run id>``)
-atomically, at most every ``RINGTRAIN_ELASTIC_PERSIST_S`` seconds (default 1; 0: every
-commit), so committing every batch stays cheap.
+``commit()`` keeps a copy in memory (``restore()`` returns to it), then asks whether the
+job's hosts changed (:meth:`State.check_host_updates`). In a resizable job
+(``--min-np/--max-np``) that copy is all a resize needs. In a fixed-size job that
+recovers by restarting (``horovodrun``/``ringrun --max-restarts K``) rank 0 also writes
+it to ``RINGTRAIN_ELASTIC_DIR`` (default ``.ringtrain-elastic/<run id>``) atomically, at
+most every ``RINGTRAIN_ELASTIC_PERSIST_S`` seconds (default 1; 0: every commit), so
+committing every batch stays cheap, and :func:`ringtrain.horovod.elastic.run` resumes
+the restarted job from it.
 """
 
 from __future__ import annotations
@@ -21,24 +22,20 @@ from typing import Any
 
 import torch
 
-from ringtrain import checkpoint, runtime
+from ringtrain import checkpoint, elastic, runtime
 from ringtrain.horovod.elastic.sampler import ElasticSampler
 
 __all__ = ["HostsUpdatedInterrupt", "ObjectState", "State", "TorchState", "persist_path"]
 
 
-class HostsUpdatedInterrupt(RuntimeError):
+class HostsUpdatedInterrupt(elastic.HostsUpdated):
     """The set of hosts changed; the job re-syncs its state (raised by ``commit()``)."""
-
-    def __init__(self, skip_sync: bool = False) -> None:
-        super().__init__("the job's hosts changed")
-        self.skip_sync = skip_sync
 
 
 def persist_path() -> Path | None:
     """Where rank 0 keeps the last commit (None: no launcher that restarts the job)."""
-    if not runtime.is_initialized():
-        return None
+    if not runtime.is_initialized() or elastic.resizable():
+        return None  # a resizable job keeps its commits in memory only
     env = runtime.world().env
     root = os.environ.get("RINGTRAIN_ELASTIC_DIR", "")
     if not root:
@@ -78,8 +75,11 @@ class State:
         self.check_host_updates()
 
     def check_host_updates(self) -> None:
-        """Horovod raises HostsUpdatedInterrupt when the discovery script reports other
-        hosts; ringrun re-forms a job by restarting it, so there is nothing to check here."""
+        """Raise :class:`HostsUpdatedInterrupt` on every rank when ringrun has a larger (or
+        other) world for the job (a resizable job; collective: rank 0's view decides, so
+        all raise at the same commit). A fixed-size job has nothing to check."""
+        if elastic.hosts_updated():
+            raise HostsUpdatedInterrupt(skip_sync=False)
 
     def _persist(self, force: bool = False) -> None:
         path = persist_path()
@@ -207,17 +207,30 @@ class TorchState(ObjectState):
     def sync(self) -> None:
         from ringtrain.horovod.functions import (
             allgather_object,
+            broadcast_object,
             broadcast_optimizer_state,
             broadcast_parameters,
         )
 
+        resized = elastic.resizable()
+        if resized and self.optimizer is not None:
+            elastic.follow_world(self.optimizer)  # averaging over the new size, a clean step
         if self.model is not None:
             broadcast_parameters(self.model.state_dict(), root_rank=0)
         if self.optimizer is not None:
             broadcast_optimizer_state(self.optimizer, root_rank=0)
-        for sampler in self._samplers.values():
-            # Every rank's processed samples count: the union goes to all, then the rest
-            # of the epoch is split over the current ranks.
+        for key, sampler in self._samplers.items():
+            if resized:
+                # record_batch records every rank's batch, so rank 0's record is the
+                # job's, and it matches the model synced from rank 0 (another survivor
+                # may have committed one batch more or less when a peer died mid-step).
+                got = broadcast_object(sampler.state_dict() if runtime.rank() == 0 else None, 0,
+                                       name=f"elastic.sampler.{key}")
+                sampler.load_state_dict(got)
+                continue
+            # After a restart every rank loaded the same commit: the union of the
+            # processed samples goes to all, then the rest of the epoch is split over
+            # the current ranks.
             seen = allgather_object(sorted(sampler.processed_indices))
             sampler.processed_indices = {i for part in seen for i in part}
             sampler.reset()

@@ -1,0 +1,423 @@
+"""``ringrun --min-np M --max-np N``: a job that goes on with fewer ranks when workers are
+lost, and takes on the hosts a discovery script reports (Horovod's elastic mode).
+
+    ringrun --min-np 2 --max-np 4 -H a:1,b:1,c:1 python train.py
+    ringrun --min-np 2 --max-np 4 --host-discovery-script ./hosts.sh python train.py
+
+The job is a series of *worlds* (:mod:`ringtrain.launch.worlds`): world 0 is started as
+a fixed-size job is, with every worker told its world number (``RINGTRAIN_WORLD_VERSION``)
+and a file of its own (``RINGTRAIN_ELASTIC_FILE``). Then:
+
+- **a worker exits non-zero or its host is lost**: the others are not stopped. If at
+  least ``--min-np`` are left, ringrun writes the next world (ranks, rendezvous, the lost
+  hosts' addresses) into each survivor's file (:mod:`ringtrain.launch.assignment`). The
+  survivors' next collective fails; ``hvd.elastic.run`` / ``rt.elastic.run`` restore
+  the last commit in memory, leave the broken world and join the new one. The host is
+  not used again until the discovery script stops listing it and lists it again, or
+  after :data:`~ringtrain.launch.worlds.COOLDOWN_S` (a fixed ``-H`` host: never).
+- **the discovery script lists a new host** (and the job is below ``--max-np``, its
+  last world has formed): ringrun starts workers there in the next world and writes it
+  to the others, who move at their next ``state.commit()`` (Horovod's
+  ``HostsUpdatedInterrupt``); the new workers get the state from rank 0.
+- **a worker exits 0**: the job is ending; once every worker of the last formed world
+  has exited, what is left (new workers of a world that never formed) is stopped.
+
+Every worker reserves a rendezvous port at its start (ringrun for this host, the agent
+for a remote one), since any survivor may become rank 0 and host the store. A world has
+*formed* when each of its workers acknowledged it (``<file>.joined``); ringrun prints
+each step with the time it took (the timeline in docs/launch.md).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import tempfile
+import time
+import uuid
+
+from ringtrain.errors import ConfigError, LaunchError
+from ringtrain.launch import assignment, network, reaper
+from ringtrain.launch.discovery import Discovery
+from ringtrain.launch.elastic_launch import Launcher
+from ringtrain.launch.hosts import Host, place_ranks
+from ringtrain.launch.job import (
+    HEARTBEAT_EVERY_S,
+    STOP_GRACE_S,
+    JobConfig,
+    _await_agents,
+    _exit_status,
+    _HostsDown,
+    _say,
+    _Stop,
+    describe_exit,
+)
+from ringtrain.launch.output import OutputSink
+from ringtrain.launch.proc import Member, stop_all
+from ringtrain.launch.remote import HOST_LOST, RemoteHost
+from ringtrain.launch.worlds import Blacklist, Slot, next_world
+
+__all__ = ["run_elastic"]
+
+
+class _NoRank0(Exception):
+    """No survivor's rendezvous can be reached from every host of the next world."""
+
+
+class _Ended(Exception):
+    def __init__(self, code: int) -> None:
+        self.code = code
+
+
+class _Driver:
+    def __init__(self, cfg: JobConfig, run_id: str, sink: OutputSink, stop_flag: list[int],
+                 watchdog: reaper.Watchdog | None) -> None:
+        assert cfg.elastic is not None
+        self.cfg, self.ecfg = cfg, cfg.elastic
+        self.run_id, self.sink, self.stop_flag, self.watchdog = run_id, sink, stop_flag, watchdog
+        self.discovery = Discovery(list(self.ecfg.hosts), self.ecfg.discovery_script, say=_say)
+        self.blacklist = Blacklist(self.ecfg.cooldown if self.ecfg.discovery_script else 0.0)
+        self.dir = os.path.join(tempfile.gettempdir(), f"ringtrain-elastic-{run_id}")
+        self.launcher = Launcher(cfg, run_id, sink, stop_flag, watchdog, self.dir)
+        self.procs = self.launcher.procs
+        self.hosts = self.launcher.hosts
+        self.connecting: dict[str, tuple[RemoteHost, list[int], float]] = {}
+        self.version = 0
+        self.world: list[int] = []
+        self.formed = -1
+        self.formed_world: list[int] = []
+        self.changed_at = time.monotonic()
+        self.resets = 0
+        self.finishing = False
+        self.cancelled: set[int] = set()
+        self.next_id = 0
+        self.rounds = 0
+
+    # -- members ---------------------------------------------------------------------------
+
+    def members(self) -> list[Member]:
+        return self.launcher.members() + [r for r, _, _ in self.connecting.values()]
+
+    def _launch(self, order: list[Slot], new: list[Slot], lost: list[str], reason: str) -> None:
+        self.launcher.launch(order, new, lost, reason, self.version)
+        self.world = [s.worker for s in order]
+        self.changed_at = time.monotonic()
+
+    # -- worlds ----------------------------------------------------------------------------
+
+    def _new_ids(self, n: int) -> list[int]:
+        ids = list(range(self.next_id, self.next_id + n))
+        self.next_id += n
+        return ids
+
+    # -- the first world -------------------------------------------------------------------
+
+    def start(self) -> None:
+        hosts = self._first_hosts()
+        total = sum(h.slots for h in hosts)
+        np = self.ecfg.np or min(self.ecfg.max_np, total)
+        placed = place_ranks(hosts, np, slots_note="the hosts available now")
+        ids = self._new_ids(len(placed))
+        remote_ids: dict[str, list[int]] = {}
+        for p in placed:
+            if not self.cfg.is_local(p.host):
+                remote_ids.setdefault(p.host, []).append(p.rank)
+        remotes = {name: self.launcher.remote(name, w) for name, w in remote_ids.items()}
+        try:
+            _await_agents(self.cfg, remotes, 0, self.stop_flag)
+        except BaseException:
+            stop_all(list(remotes.values()), grace=0.5)
+            raise
+        infos = {h: r.info or {} for h, r in remotes.items()}
+        for p in placed:
+            if p.host not in self.hosts:
+                self.launcher.register(p.host, remotes.get(p.host), infos)
+        order = [Slot(w, p.host) for w, p in zip(ids, placed, strict=True)]
+        self._launch(order, order, [], "first world")
+        self.formed_world = list(self.world)
+        self.discovery.start()
+        _say(f"elastic: world 0 started: {len(order)} rank(s) on {self._where(order)} "
+             f"(--min-np {self.ecfg.min_np}, --max-np {self.ecfg.max_np})")
+
+    def _first_hosts(self) -> list[Host]:
+        """The hosts to start on: wait (``--start-timeout``) for ``--min-np`` slots."""
+        deadline = time.monotonic() + self.cfg.start_timeout
+        while True:
+            hosts = self.discovery.first()
+            if sum(h.slots for h in hosts) >= self.ecfg.min_np:
+                return hosts
+            if time.monotonic() > deadline:
+                raise ConfigError(f"the hosts available ({self._hosts_text(hosts) or 'none'}) have fewer "
+                                  f"than --min-np {self.ecfg.min_np} slots after {self.cfg.start_timeout:g} s")
+            if self.stop_flag:
+                raise _Stop(self.stop_flag[0])
+            time.sleep(1.0)
+
+    @staticmethod
+    def _hosts_text(hosts: list[Host]) -> str:
+        return ",".join(f"{h.name}:{h.slots}" for h in hosts)
+
+    def _where(self, order: list[Slot]) -> str:
+        counts: dict[str, int] = {}
+        for s in order:
+            counts[s.host] = counts.get(s.host, 0) + 1
+        return ",".join(f"{h}:{n}" for h, n in counts.items())
+
+    # -- watching --------------------------------------------------------------------------
+
+    def watch(self) -> int:
+        next_beat = 0.0
+        while True:
+            if self.stop_flag:
+                raise _Stop(self.stop_flag[0])
+            if self.sink.failure is not None:
+                _say(f"error: {self.sink.failure.message}; stopping the job")
+                return self.sink.failure.exit_code
+            if time.monotonic() >= next_beat:
+                next_beat = time.monotonic() + HEARTBEAT_EVERY_S
+                # Not to hosts still connecting: before its spec an agent takes an empty
+                # line for "ringrun went away".
+                for remote in self.launcher.remotes().values():
+                    remote.heartbeat()
+            try:
+                self._acks()
+                self._exits()
+                self._grow()
+            except _Ended as end:
+                return end.code
+            time.sleep(0.05)
+
+    def _acks(self) -> None:
+        for proc in self.procs.values():
+            if proc.code is not None:
+                continue
+            remote = proc.remote
+            joined = remote.joined.get(proc.id) if remote is not None else assignment.read_ack(proc.file)
+            if joined is not None:
+                proc.joined = joined
+        if self.formed < self.version and all(self.procs[w].joined >= self.version for w in self.world):
+            self.formed = self.version
+            self.formed_world = list(self.world)
+            took = time.monotonic() - self.changed_at
+            order = [Slot(w, self.procs[w].host) for w in self.world]
+            _say(f"elastic: world {self.version} formed: {len(self.world)} rank(s) on "
+                 f"{self._where(order)} ({took:.1f} s after it was announced)")
+
+    def _exit_codes(self) -> tuple[list[int], list[int]]:
+        finished: list[int] = []
+        dead: list[int] = []
+        for proc in self.procs.values():
+            if proc.code is not None:
+                continue
+            member: Member | None = proc.local if proc.local is not None else proc.remote
+            code = member.exits().get(proc.id) if member is not None else None
+            if code is None:
+                continue
+            proc.code = code
+            if proc.id in self.cancelled:
+                continue
+            (finished if code == 0 else dead).append(proc.id)
+        return finished, dead
+
+    def _exits(self) -> None:
+        finished, dead = self._exit_codes()
+        dead = [w for w in dead if w in self.world]  # not yet in a world: nothing to re-form
+        if dead:
+            if self.finishing:
+                w = dead[0]
+                _say(f"{self._describe(w)} while the job was ending; stopping the others")
+                raise _Ended(_exit_status(self.procs[w].code or 1))
+            self._shrink(dead)
+        if finished:
+            self.finishing = True
+        if self.finishing and all(self.procs[w].code is not None for w in self.formed_world):
+            bad = [w for w in self.formed_world if self.procs[w].code != 0]
+            if bad:
+                _say(f"{self._describe(bad[0])}; stopping the others")
+                raise _Ended(_exit_status(self.procs[bad[0]].code or 1))
+            raise _Ended(0)
+
+    def _describe(self, w: int) -> str:
+        proc = self.procs[w]
+        remote = proc.remote
+        if remote is not None and proc.code == HOST_LOST and remote.lost():
+            why = remote.error or (remote.problem() if remote.ssh_tail else "the connection closed")
+            return f"host {proc.host} was lost ({why}) with worker {w}"
+        member: Member | None = proc.local if proc.local is not None else remote
+        where = member.where(w) if member is not None else f"on {proc.host}"
+        rank = self.world.index(w) if w in self.world else None
+        return (f"worker {w}" + (f" (rank {rank}, {where})" if rank is not None else f" ({where})")
+                + f" {describe_exit(proc.code or 0)}")
+
+    def _shrink(self, dead: list[int]) -> None:
+        now = time.monotonic()
+        for w in dead:
+            self.blacklist.add(self.procs[w].host, now)
+            _say(f"elastic: {self._describe(w)}")
+        pending = self.formed < self.version and self.version > 0
+        # New workers of a world that has not formed hold no state: stop them; their hosts
+        # are taken again at a later discovery round.
+        unjoined = [w for w in self.world if pending and self.procs[w].started_in == self.version
+                    and self.procs[w].joined < self.version and self.procs[w].code is None]
+        survivors = [w for w in self.world if self.procs[w].code is None and w not in unjoined]
+        if unjoined:
+            self._cancel(unjoined)
+        lost_hosts = [h for h in {self.procs[w].host for w in dead} if h in self.hosts
+                      and all(self.procs[x].code is not None for x in self.hosts[h].workers)]
+        # A lost remote host's addresses: the survivors close their connections there,
+        # which a host that vanished silently would leave hanging. (Loopback is every
+        # host's own; this host's dead workers' connections were closed by the kernel.)
+        lost = sorted({a for h in lost_hosts for a in self.hosts[h].addresses
+                       if self.hosts[h].remote is not None and not network.is_loopback(a)})
+        for h in lost_hosts:
+            self._forget(h)
+        try:
+            self._change(survivors, [], lost, f"lost worker(s) {', '.join(map(str, dead))}")
+        except _NoRank0:
+            raise LaunchError("no surviving worker can host the rendezvous of a multi-host world "
+                              "(its port is on loopback); pass --network-interface") from None
+
+    def _change(self, survivors: list[int], new: list[Slot], lost: list[str], reason: str) -> None:
+        if len(survivors) < self.ecfg.min_np:
+            _say(f"elastic: {len(survivors)} rank(s) left, fewer than --min-np {self.ecfg.min_np}; "
+                 "stopping the job")
+            raise _Ended(_exit_status(next((self.procs[w].code for w in self.procs
+                                            if self.procs[w].code not in (None, 0)), 1) or 1))
+        if self.ecfg.reset_limit is not None and self.resets >= self.ecfg.reset_limit:
+            _say(f"elastic: the job changed size {self.resets} time(s), --reset-limit "
+                 f"{self.ecfg.reset_limit}; stopping the job")
+            raise _Ended(1)
+        order = next_world([Slot(w, self.procs[w].host) for w in survivors], new, self.launcher.can_be_rank0)
+        if order is None:
+            raise _NoRank0()
+        self.version += 1
+        try:
+            self._launch(order, new, lost, reason)
+        except BaseException:
+            self.version -= 1  # nothing of it reached the survivors (they are told last)
+            for s in new:
+                self.procs.pop(s.worker, None)
+            raise
+        self.resets += 1
+        verb = "growing" if new else "re-forming"
+        _say(f"elastic: {verb} to {len(order)} rank(s) on {self._where(order)} as world {self.version}")
+
+    def _cancel(self, workers: list[int]) -> None:
+        self.cancelled.update(workers)
+        hosts = {self.procs[w].host for w in workers}
+        _say(f"elastic: stopping worker(s) {', '.join(map(str, workers))}: their world will not form")
+        members: list[Member] = []
+        for w in workers:
+            proc = self.procs[w]
+            if proc.local is not None:
+                members.append(proc.local)
+        for h in hosts:
+            remote = self.hosts[h].remote
+            if remote is not None and all(x in self.cancelled or self.procs[x].code is not None
+                                          for x in self.hosts[h].workers):
+                members.append(remote)
+        stop_all(members, grace=STOP_GRACE_S)
+        for h in hosts:
+            if all(self.procs[x].code is not None or x in self.cancelled for x in self.hosts[h].workers):
+                self._forget(h)
+
+    def _forget(self, name: str) -> None:
+        """Every worker of host ``name`` is gone: it is free for a later grow."""
+        host = self.hosts.pop(name, None)
+        if host is not None and host.remote is not None:
+            stop_all([host.remote], grace=0.5)  # the agent exits once its workers did
+
+    # -- growing ---------------------------------------------------------------------------
+
+    def _grow(self) -> None:
+        now = time.monotonic()
+        if self.discovery.rounds() != self.rounds:
+            self.rounds = self.discovery.rounds()
+            self.blacklist.observe([h.name for h in self.discovery.hosts()], now)
+        for name, (remote, ids, deadline) in list(self.connecting.items()):
+            if remote.wait_ready(time.monotonic() + 0.001):
+                del self.connecting[name]
+                self._join_host(name, remote, ids)
+            elif remote.ssh_done() or now > deadline:
+                del self.connecting[name]
+                _say(f"elastic: warning: host {name} did not answer ({remote.problem()}); not using it")
+                stop_all([remote], grace=0.5)
+                self.blacklist.add(name, now)
+        limited = self.ecfg.reset_limit is not None and self.resets >= self.ecfg.reset_limit
+        if self.finishing or self.formed < self.version or self.connecting or limited:
+            return
+        room = self.ecfg.max_np - len(self.world)
+        for host in self.discovery.hosts():
+            if room <= 0:
+                break
+            if host.name in self.hosts or self.blacklist.blocked(host.name):
+                continue
+            ids = self._new_ids(min(host.slots, room))
+            room -= len(ids)
+            if self.cfg.is_local(host.name):
+                self._join_host(host.name, None, ids)
+                return
+            self.connecting[host.name] = (self.launcher.remote(host.name, ids), ids,
+                                          now + self.cfg.start_timeout)
+
+    def _join_host(self, name: str, remote: RemoteHost | None, ids: list[int]) -> None:
+        infos = {h: r.info or {} for h, r in self.launcher.remotes().items()}
+        if remote is not None:
+            infos[name] = remote.info or {}
+        self.launcher.register(name, remote, infos)
+        new = [Slot(w, name) for w in ids]
+        _say(f"elastic: host {name} added ({len(ids)} slot(s)); the job grows at its next commit")
+        try:
+            self._change(list(self.world), new, [], f"host {name} added")
+        except (_HostsDown, _NoRank0) as exc:
+            why = str(exc) if isinstance(exc, _HostsDown) else (
+                "rank 0's rendezvous is on loopback, which it cannot reach; pass --network-interface")
+            _say(f"elastic: warning: host {name}: {why}; not using it")
+            self.hosts.pop(name, None)
+            self.blacklist.add(name, time.monotonic())
+            if remote is not None:
+                stop_all([remote], grace=0.5)
+
+    def close(self) -> None:
+        self.discovery.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def run_elastic(cfg: JobConfig) -> int:
+    """Run a resizable job to completion; returns ringrun's exit code."""
+    run_id = uuid.uuid4().hex[:12]
+    sink = OutputSink(cfg.output_dir, cfg.prefix_output)
+    stop_flag: list[int] = []
+
+    def on_signal(signum: int, _frame: object) -> None:
+        stop_flag.append(signum)
+
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    local = cfg.elastic is not None and (any(cfg.is_local(h.name) for h in cfg.elastic.hosts)
+                                         or cfg.elastic.discovery_script is not None)
+    watchdog = reaper.Watchdog(run_id) if local else None
+    driver = _Driver(cfg, run_id, sink, stop_flag, watchdog)
+    try:
+        try:
+            driver.start()
+            code = driver.watch()
+        except _Stop as stop:
+            _say(f"received {signal.Signals(stop.signum).name}; stopping the job")
+            return 128 + stop.signum
+        except _HostsDown as down:
+            raise LaunchError(str(down)) from None
+        if code == 0:
+            members = driver.members()
+            stop_all(members, grace=STOP_GRACE_S)  # what is left never joined a formed world
+            if sink.failure is not None:
+                _say(f"error: {sink.failure.message}")
+                return sink.failure.exit_code
+        return code
+    finally:
+        stop_all(driver.members(), grace=STOP_GRACE_S, run_id=run_id if local else None)
+        driver.close()
+        if watchdog is not None:
+            watchdog.close()
+        for s, handler in previous.items():
+            signal.signal(s, handler)

@@ -1,0 +1,81 @@
+"""Resizable jobs on this host (``--min-np/--max-np``): a rank that dies is dropped and the
+others go on at the smaller size, in the same processes, from the last commit in memory.
+
+Each job runs 3 ranks on localhost; one SIGKILLs itself mid-epoch (``RESIZE_KILL``).
+Checked: the job ends 0 without a restart, the survivors ran at sizes [3, 2], the
+reset callback set the rate for 2, and every sample of every epoch was trained on
+exactly once. The multi-host scenario (a whole host lost, then back) is in
+test_elastic_resize_hosts.py.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+from hosts.harness import BIN, RINGRUN, assert_no_orphans, env_for, new_marker
+
+SCRIPTS = Path(__file__).parent / "scripts"
+
+
+def _exactly_once(seen: dict[str, list[int]], samples: int, epochs: int) -> None:
+    assert sorted(map(int, seen)) == list(range(epochs))
+    for epoch, ids in seen.items():
+        assert sorted(ids) == list(range(samples)), f"epoch {epoch}: a sample lost or repeated"
+
+
+@pytest.mark.timeout(300)
+def test_horovod_job_shrinks_in_place_when_a_rank_dies(tmp_path: Path) -> None:
+    """horovodrun's elastic flags: the Horovod-style CNN script loses rank 2 mid-epoch."""
+    marker = new_marker()
+    out = tmp_path / "out.json"
+    res = subprocess.run(
+        [str(BIN / "horovodrun"), "-np", "3", "--min-np", "2", "--max-np", "3", "-H", "localhost:3",
+         "python", str(SCRIPTS / "hvd_elastic_resize.py"), str(out), "--epochs", "2"],
+        capture_output=True, text=True, timeout=280, env=env_for(marker, RESIZE_KILL="2:10"))
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert "restarting" not in res.stderr
+    assert "elastic: worker 2 (rank 2" in res.stderr and "was killed by SIGKILL" in res.stderr
+    assert "world 1 formed: 2 rank(s)" in res.stderr
+    got = json.loads(out.read_text())
+    assert got["sizes"] == [3, 2]
+    _exactly_once(got["seen"], got["samples"], 2)
+    events = [json.loads(line) for line in Path(str(out) + ".events").read_text().splitlines()]
+    resets = [e for e in events if e["event"] == "reset"]
+    assert [(e["size"], e["lr"]) for e in resets] == [(2, 0.5 * 2)]  # the rate follows the size
+    assert_no_orphans(marker)
+
+
+@pytest.mark.timeout(240)
+def test_rt_elastic_job_shrinks_in_place_and_the_loader_resplits_the_epoch(tmp_path: Path) -> None:
+    marker = new_marker()
+    out = tmp_path / "out.json"
+    res = subprocess.run(
+        [RINGRUN, "-H", "localhost:3", "--min-np", "2", "--max-np", "3", "python",
+         str(SCRIPTS / "rt_elastic_resize.py"), str(out), str(tmp_path / "ckpt")],
+        capture_output=True, text=True, timeout=220, env=env_for(marker, RESIZE_KILL="1:10"))
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert "world 1 formed: 2 rank(s)" in res.stderr
+    got = json.loads(out.read_text())
+    assert got["sizes"] == [3, 2] and got["lrs"] == [0.04] and got["size"] == 2
+    _exactly_once(got["seen"], 96, 3)
+    # 8 steps of epoch 0 and 2 of epoch 1 at 3 ranks, the other 72 samples of epoch 1 at 2
+    # ranks (9 steps), epoch 2 at 2 ranks (12): nothing redone, nothing skipped.
+    assert got["steps"] == 8 + 2 + 9 + 12
+    assert not list((tmp_path / "ckpt").glob("*.ckpt")), "a resize needs no checkpoint on disk"
+    assert_no_orphans(marker)
+
+
+@pytest.mark.timeout(180)
+def test_fewer_ranks_than_min_np_end_the_job(tmp_path: Path) -> None:
+    marker = new_marker()
+    res = subprocess.run(
+        [RINGRUN, "-H", "localhost:3", "--min-np", "3", "--max-np", "3", "python",
+         str(SCRIPTS / "rt_elastic_resize.py"), str(tmp_path / "out.json"), str(tmp_path / "ckpt")],
+        capture_output=True, text=True, timeout=160, env=env_for(marker, RESIZE_KILL="0:5"))
+    assert res.returncode == 128 + 9, res.stderr[-2000:]
+    assert "2 rank(s) left, fewer than --min-np 3; stopping the job" in res.stderr
+    assert "Traceback" not in res.stderr
+    assert_no_orphans(marker)

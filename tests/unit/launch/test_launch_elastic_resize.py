@@ -1,0 +1,181 @@
+"""rt.elastic's resize loop without processes: ``drive`` with a fake world (the runtime's
+leave/assign/join and its version are stubbed; the assignment file and its watcher are
+real), the in-memory commit of a ``Resumable``, and which errors count as a lost peer."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from ringtrain import elastic, runtime
+from ringtrain.errors import CollectiveError, ConfigError, MismatchError
+from ringtrain.launch import assignment
+
+
+class _World:
+    """The stubbed runtime: which world we are in, what was severed, assigned, joined."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, path: str) -> None:
+        self.version = 0
+        self.log: list[Any] = []
+        self.path = path
+        self.fail_joins = 0
+        monkeypatch.setattr(elastic, "_watcher", None)
+        monkeypatch.setattr(elastic, "resizable", lambda: True)
+        monkeypatch.setattr(elastic, "world_version", lambda: self.version)
+        monkeypatch.setattr(elastic, "REFORM_WAIT_S", 5.0)
+        monkeypatch.setattr(runtime, "sever", lambda addrs: self.log.append(("sever", sorted(addrs))) or 0)
+        monkeypatch.setattr(runtime, "assign", lambda env: self.log.append(("assign", dict(env))))
+        monkeypatch.setattr(runtime, "world", self._env)
+
+    def _env(self) -> Any:
+        class _W:
+            class env:  # noqa: N801 - mimics World.env
+                elastic_file = self.path
+        return _W
+
+    def publish(self, version: int, lost: list[str] | None = None) -> None:
+        assignment.write_assignment(self.path, {"version": version, "env": {"RINGTRAIN_RANK": "0",
+                                                "RINGTRAIN_WORLD_VERSION": str(version)},
+                                                "lost": lost or [], "addresses": ["10.0.0.1", "10.0.0.2"]})
+
+    def leave(self, sever: Any) -> None:
+        sever()
+        self.log.append("leave")
+
+    def join(self) -> None:
+        assigned = [e for e in self.log if isinstance(e, tuple) and e[0] == "assign"][-1][1]
+        self.log.append(("join", int(assigned["RINGTRAIN_WORLD_VERSION"])))
+        if self.fail_joins:
+            self.fail_joins -= 1
+            self.publish(int(assigned["RINGTRAIN_WORLD_VERSION"]) + 1)  # replaced while joining
+            time.sleep(0.3)
+            raise RuntimeError("connection closed by peer")
+        self.version = int(assigned["RINGTRAIN_WORLD_VERSION"])
+
+
+class _State:
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def restore(self) -> None:
+        self.calls.append("restore")
+
+    def sync(self) -> None:
+        self.calls.append("sync")
+
+    def on_reset(self) -> None:
+        self.calls.append("reset")
+
+
+@pytest.mark.timeout(30)
+def test_a_lost_peer_moves_the_job_to_the_next_world(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    world = _World(monkeypatch, str(tmp_path / "w.json"))
+    state = _State()
+    calls = []
+
+    def train() -> str:
+        calls.append(world.version)
+        if world.version == 0:
+            world.publish(1, lost=["10.0.0.2"])  # ringrun writes the next world...
+            raise CollectiveError("allreduce failed: Connection reset by peer")  # ...a peer died
+        return "done"
+
+    assert elastic.drive(train, state, world.leave, world.join, lambda: state.calls.append("start")) == "done"
+    assert calls == [0, 1]
+    # Horovod's order: back to the commit, leave, join, reset callbacks, then the sync.
+    assert state.calls == ["start", "restore", "reset", "sync"]
+    # The watcher closed the lost host's connections as soon as the world was written;
+    # leaving closes every connection to the job's hosts, then the groups go.
+    assert world.log == [("sever", ["10.0.0.2"]), ("sever", ["10.0.0.1", "10.0.0.2"]), "leave",
+                         ("assign", {"RINGTRAIN_RANK": "0", "RINGTRAIN_WORLD_VERSION": "1"}), ("join", 1)]
+
+
+@pytest.mark.timeout(30)
+def test_hosts_updated_moves_at_the_commit_without_restoring(monkeypatch: pytest.MonkeyPatch,
+                                                            tmp_path: Path) -> None:
+    world = _World(monkeypatch, str(tmp_path / "w.json"))
+    state = _State()
+
+    def train() -> int:
+        if world.version == 0:
+            world.publish(1)
+            raise elastic.HostsUpdated(skip_sync=False)
+        return world.version
+
+    assert elastic.drive(train, state, world.leave, world.join, lambda: None) == 1
+    assert state.calls == ["reset", "sync"]
+
+
+@pytest.mark.timeout(30)
+def test_a_world_replaced_while_it_forms_is_skipped(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    world = _World(monkeypatch, str(tmp_path / "w.json"))
+    world.fail_joins = 1
+    state = _State()
+
+    def train() -> int:
+        if world.version == 0:
+            world.publish(1, lost=["10.0.0.2"])
+            raise RuntimeError("[gloo/transport/tcp/pair.cc:553] Connection closed by peer")
+        return world.version
+
+    assert elastic.drive(train, state, world.leave, world.join, lambda: None) == 2
+    assert [e for e in world.log if isinstance(e, tuple) and e[0] == "join"] == [("join", 1), ("join", 2)]
+
+
+@pytest.mark.timeout(30)
+def test_the_scripts_own_errors_are_not_taken_for_a_lost_peer(monkeypatch: pytest.MonkeyPatch,
+                                                              tmp_path: Path) -> None:
+    world = _World(monkeypatch, str(tmp_path / "w.json"))
+    world.publish(1)  # even with a newer world waiting
+
+    def train() -> None:
+        raise ValueError("shapes do not match")
+
+    with pytest.raises(ValueError, match="shapes"):
+        elastic.drive(train, _State(), world.leave, world.join, lambda: None)
+    assert "leave" not in world.log
+
+
+@pytest.mark.parametrize("exc,lost", [
+    (CollectiveError("allreduce failed"), True),
+    (MismatchError("Mismatched shapes"), False),
+    (ConfigError("bad"), False),
+    (RuntimeError("[../gloo/transport/tcp/pair.cc:537] Read error: Connection reset by peer"), True),
+    (RuntimeError("Broken pipe"), True),
+    (RuntimeError("mat1 and mat2 shapes cannot be multiplied"), False),
+    (KeyError("x"), False),
+])
+def test_which_errors_count_as_a_lost_peer(exc: BaseException, lost: bool) -> None:
+    assert elastic._is_world_failure(exc) is lost
+
+
+def test_a_fixed_size_job_raises_as_before(tmp_path: Path) -> None:
+    def train() -> None:
+        raise CollectiveError("a peer died")
+
+    with pytest.raises(CollectiveError):
+        elastic.drive(train, _State(), lambda _s: None, lambda: None, lambda: None)
+
+
+def test_commit_and_restore_in_memory(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    model = nn.Linear(3, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    state = elastic.Resumable(tmp_path, model=model, optimizer=opt, extra={"seen": [1, 2]})
+    state.commit(5)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    model(torch.randn(4, 3)).sum().backward()
+    opt.step()
+    state.extra["seen"].append(3)
+    state.step = 6
+    state.restore()
+    assert state.step == 5 and state.extra == {"seen": [1, 2]}
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    assert opt.state_dict()["state"] == {}  # the step's momentum is gone too
+    assert not list(tmp_path.iterdir()), "a commit writes nothing to disk"
