@@ -515,14 +515,15 @@ def run(func: Callable[..., T]) -> Callable[..., T]:
 
     @functools.wraps(func)
     def wrapper(state: Resumable, *args: Any, **kwargs: Any) -> T:
-        from ringtrain import wiring
+        # rt.init, the public entry (the composition root sits above this layer).
+        import ringtrain as rt
 
         def join() -> None:
-            wiring.init()
+            rt.init()
 
         def start() -> None:
             if not runtime.is_initialized():
-                wiring.init()
+                rt.init()
             if world_version() == 0:
                 state.resume()
             else:

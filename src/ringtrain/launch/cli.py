@@ -23,10 +23,11 @@ from pathlib import Path
 from ringtrain.errors import ConfigError, RingtrainError
 from ringtrain.launch import network, slurm
 from ringtrain.launch.hosts import Host, is_local_host, parse_hostfile, parse_hosts, place_ranks
-from ringtrain.launch.job import JobConfig, run_job
+from ringtrain.launch.job import JobConfig
 from ringtrain.launch.output import check_output_dir
 from ringtrain.launch.slots import local_slots
 from ringtrain.launch.ssh import SshOptions, parse_ssh_option
+from ringtrain.launch.start import run_job
 from ringtrain.launch.worlds import ElasticConfig
 from ringtrain.settings import flag_specs, settings_env
 

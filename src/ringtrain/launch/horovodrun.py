@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 
 from ringtrain.errors import ConfigError, RingtrainError
 from ringtrain.launch import cli
-from ringtrain.launch.job import run_job
+from ringtrain.launch.start import run_job
 from ringtrain.settings import flag_specs
 
 __all__ = ["Translation", "build_parser", "check_build_text", "main", "translate"]

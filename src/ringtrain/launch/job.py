@@ -5,7 +5,7 @@ processes (:class:`~ringtrain.launch.proc.Worker`); each remote host is one ssh
 connection to a host agent that runs that host's ranks
 (:class:`~ringtrain.launch.remote.RemoteHost`). Each attempt gets a fresh rendezvous
 (new listening socket, new ``RINGTRAIN_ATTEMPT`` key prefix) so nothing of a dead
-attempt is reused. ``run_job`` returns the exit code ringrun should exit with.
+attempt is reused. ``run_fixed`` returns the exit code ringrun should exit with.
 
 An attempt starts in three steps: connect to every remote host and wait for its agent
 (``--start-timeout``; the hosts that did not answer are named), choose rank 0's address
@@ -39,7 +39,7 @@ from ringtrain.launch.slurm import srun_argv
 from ringtrain.launch.ssh import AGENT_SCRIPT, SshOptions, agent_command, forwarded_env, ssh_argv
 from ringtrain.launch.worlds import ElasticConfig
 
-__all__ = ["JobConfig", "choose_master_addr", "describe_exit", "reach_address", "run_job", "worker_env"]
+__all__ = ["JobConfig", "choose_master_addr", "describe_exit", "reach_address", "run_fixed", "worker_env"]
 
 #: Seconds without ringrun's heartbeat after which a host agent stops its ranks: a network
 #: partition closes no connection, and the ranks must not outlive their job. Twice
@@ -408,12 +408,8 @@ def _failure_text(member: Member, rank: int, code: int, others: int) -> str:
     return f"rank {rank} ({member.where(rank)}) {describe_exit(code)}; stopping {others} other rank(s)"
 
 
-def run_job(cfg: JobConfig) -> int:
-    """Run the job to completion; returns ringrun's exit code."""
-    if cfg.elastic is not None:
-        from ringtrain.launch.elastic import run_elastic
-
-        return run_elastic(cfg)
+def run_fixed(cfg: JobConfig) -> int:
+    """Run a fixed-size job to completion; returns ringrun's exit code."""
     run_id = uuid.uuid4().hex[:12]
     sink = OutputSink(cfg.output_dir, cfg.prefix_output)
     stop_flag: list[int] = []
