@@ -300,9 +300,10 @@ def sever(addresses: Collection[str]) -> int:
     if not addresses:
         return 0
     # Connections other processes made to this one's server stay: a later world's ranks
-    # may already be among them.
-    served = {c.inode for c in _sever.connections() if c.local_port == _own_port}
-    return _sever.sever(addresses, spare=_spared | served)
+    # may be connecting to it while this runs (so the port is checked per connection,
+    # not from a list taken earlier).
+    keep = () if _own_port is None else (_own_port,)
+    return _sever.sever(addresses, keep_local_ports=keep, spare=_spared)
 
 
 def abandon() -> None:

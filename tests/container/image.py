@@ -113,7 +113,7 @@ class Images:
             "*.egg-info", ".mypy_cache", ".ruff_cache", ".pytest_cache", "wheels"))
         base_version = importlib.metadata.version("torch").split("+")[0]
         torch_req = f"torch=={base_version}+cpu"
-        reqs = [torch_req, "setuptools>=68", "wheel"]  # the last two: building ringtrain
+        reqs = [torch_req, "setuptools>=77", "wheel"]  # the last two: building ringtrain
         for text in importlib.metadata.requires("ringtrain") or []:
             req = Requirement(text)
             if req.name == "torch":

@@ -80,21 +80,24 @@ def connections() -> list[Connection]:
     return found
 
 
-def sever(addresses: Collection[str], keep_ports: Collection[int] = (),
+def sever(addresses: Collection[str], keep_local_ports: Collection[int] = (),
           spare: Collection[int] = ()) -> int:
     """Shut down every connection to one of ``addresses``; the number shut down.
 
-    ``keep_ports``: connections with this local or remote port stay (this process's own
-    store server and its clients). ``spare``: socket inodes that stay (connections the
-    script had before it joined the job).
+    ``keep_local_ports``: connections whose local end has one of these ports stay (this
+    process's own store server: the connections it accepted, which a later world's ranks
+    may be opening while this runs; decided per connection from the same listing, so one
+    that arrives meanwhile is never mistaken for the old world's). ``spare``: socket
+    inodes that stay (connections the script had before it joined the job).
     """
     wanted = set(addresses)
+    keep = set(keep_local_ports)
     count = 0
     for c in connections():
-        if c.remote_addr not in wanted or c.inode in spare:
+        if c.remote_addr not in wanted or c.inode in spare or c.local_port in keep:
             continue
-        if c.local_port in keep_ports or c.remote_port in keep_ports:
-            continue
+        if not _still_holds(c):
+            continue  # closed since the listing, its number maybe reused: not ours to touch
         try:
             sock = socket.socket(fileno=c.fd)
         except OSError:
@@ -107,3 +110,11 @@ def sever(addresses: Collection[str], keep_ports: Collection[int] = (),
         finally:
             sock.detach()  # the descriptor stays its owner's (Gloo, the store) to close
     return count
+
+
+def _still_holds(c: Connection) -> bool:
+    """Whether descriptor ``c.fd`` is still the socket ``c.inode`` of the listing."""
+    try:
+        return os.readlink(f"/proc/self/fd/{c.fd}") == f"socket:[{c.inode}]"
+    except OSError:
+        return False

@@ -193,3 +193,31 @@ def test_severing_ends_a_read_blocked_on_a_silent_peer() -> None:
     finally:
         for s in (client, accepted, other, kept, server):
             s.close()
+
+
+def test_severing_keeps_the_connections_this_process_serves() -> None:
+    """A resizable job's rank 0 severs the old world while the next world's ranks connect
+    to its store server: what that server accepted (local end on its port) stays, decided
+    per connection at the time of the call; what this process opened to the host goes."""
+    served = socket.socket()
+    served.bind(("127.0.0.1", 0))
+    served.listen()
+    port = served.getsockname()[1]
+    peer = socket.socket()  # another host's server this process is a client of
+    peer.bind(("127.0.0.1", 0))
+    peer.listen()
+    outgoing = socket.create_connection(peer.getsockname())
+    outgoing_far, _ = peer.accept()
+    newcomer = socket.create_connection(("127.0.0.1", port))  # a next-world rank (elsewhere)
+    newcomer_here, _ = served.accept()
+    elsewhere = {c.inode for c in sever.connections() if c.fd == newcomer.fileno()}
+    try:
+        assert sever.sever(["127.0.0.1"], keep_local_ports=[port], spare=elsewhere) == 2
+        assert outgoing.recv(1) == b""
+        newcomer.sendall(b"q")
+        assert newcomer_here.recv(1) == b"q"
+        newcomer_here.sendall(b"a")
+        assert newcomer.recv(1) == b"a"
+    finally:
+        for s in (served, peer, outgoing, outgoing_far, newcomer, newcomer_here):
+            s.close()
