@@ -350,7 +350,11 @@ class _Watcher:
                 n = runtime.sever(addresses)
                 log.debug("world %s replaces the one being joined: %d connection(s) closed", data["version"], n)
             elif lost:
-                n = runtime.sever(lost)
+                # The old world is over for every survivor, not only for the ranks that
+                # talked to the lost host: one may wait on another survivor that has
+                # already left (a broadcast from it, a store key it would have set) and
+                # would only be freed by the stall timeout. Close all of the old world.
+                n = runtime.sever(sorted(set(lost) | set(addresses)))
                 log.debug("world %s: hosts %s lost, %d connection(s) closed", data["version"], lost, n)
         except (OSError, ValueError) as exc:  # /proc unreadable: operations time out instead
             log.debug("cannot close connections: %s", exc)

@@ -115,6 +115,8 @@ def leftovers(hosts: ElasticHosts) -> list[str]:
                     continue
             except OSError:
                 continue
+            if not cmd.strip():
+                continue  # exiting: its memory (and command line) already released, it runs nothing
             if cmd.startswith("sshd: ["):
                 continue  # a pre-auth child of an sshd still closing a connection
             left.append(f"{ns}:{pid}:{cmd.strip()}")

@@ -90,9 +90,10 @@ def test_a_lost_peer_moves_the_job_to_the_next_world(monkeypatch: pytest.MonkeyP
     assert calls == [0, 1]
     # Horovod's order: back to the commit, leave, join, reset callbacks, then the sync.
     assert state.calls == ["start", "restore", "reset", "sync"]
-    # The watcher closed the lost host's connections as soon as the world was written;
-    # leaving closes every connection to the job's hosts, then the groups go.
-    assert world.log == [("sever", ["10.0.0.2"]), ("sever", ["10.0.0.1", "10.0.0.2"]), "leave",
+    # The watcher closed every connection of the old world (the lost host's and the
+    # survivors') as soon as the world was written; leaving closes them again (the
+    # connections made since), then the groups go.
+    assert world.log == [("sever", ["10.0.0.1", "10.0.0.2"]), ("sever", ["10.0.0.1", "10.0.0.2"]), "leave",
                          ("assign", {"RINGTRAIN_RANK": "0", "RINGTRAIN_WORLD_VERSION": "1"}), ("join", 1)]
 
 
