@@ -78,3 +78,29 @@ def test_check_build_tells_what_this_engine_has() -> None:
     assert "[X] Gloo" in out and "[ ] MPI" in out and "[ ] DDL" in out and "[ ] CCL" in out
     nccl = torch.cuda.is_available() and torch.distributed.is_nccl_available()
     assert ("[X] NCCL" if nccl else "[ ] NCCL") in out
+
+
+_LATE_EXIT = """
+import time, torch, ringtrain.horovod as hvd
+hvd.init()
+hvd.allreduce(torch.ones(2), name="last")
+if hvd.rank() == 0:
+    time.sleep(9)  # still busy (evaluating, saving) while rank 1 is already at exit
+print("done", hvd.rank(), flush=True)
+"""
+
+
+@pytest.mark.timeout(120)
+def test_a_rank_at_exit_waits_for_a_slower_one_without_hvd_shutdown(tmp_path: Path) -> None:
+    """Horovod scripts rarely call hvd.shutdown(): the coordinator stops at exit, which is
+    collective. A rank that gave up after a few seconds left its thread inside Gloo, and
+    when the slower rank arrived that thread woke during finalization: SIGABRT (rc 134)."""
+    script = tmp_path / "late_exit.py"
+    script.write_text(_LATE_EXIT)
+    marker = new_marker()
+    res = _run("-np", "2", "python", str(script), marker=marker)
+    out = res.stdout + res.stderr
+    assert res.returncode == 0, out[-2000:]
+    assert "did not stop" not in out and "terminate called" not in out, out[-2000:]
+    assert sorted(line for line in res.stdout.splitlines() if "done" in line) == ["[0] done 0", "[1] done 1"]
+    assert_no_orphans(marker)

@@ -235,6 +235,10 @@ class Engine:
         if self._thread.is_alive():
             log.warning("the coordinator thread did not stop within %.0f s (a rank never "
                         "shut down); leaving it behind", timeout)
+            # The thread sits in the backend; if it woke while the interpreter finalizes
+            # it would abort the process (SIGABRT). Marked broken, the process skips the
+            # teardown and leaves with status 1 at exit (runtime's exit guard).
+            runtime.mark_broken("the coordinator did not stop: a rank never shut down")
             return
         for ps, _group in list(self.sets.values()):
             if ps.process_set_id != 0:

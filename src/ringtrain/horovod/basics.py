@@ -119,9 +119,11 @@ def shutdown() -> None:
 def _at_exit() -> None:
     # A script that never calls hvd.shutdown(): stop the coordinator's thread before the
     # interpreter tears down the groups it is blocked on.
+    # The shutdown is collective: a rank that is still training (a slower one, or one
+    # writing a checkpoint) asks for it later, so wait as long as any exchange may.
     if _engine is not None:
         try:
-            _engine.shutdown(timeout=5.0)
+            _engine.shutdown(timeout=max(runtime.settings().stall_timeout, 30.0))
         except Exception:  # noqa: BLE001 - exiting anyway
             pass
 
