@@ -5,6 +5,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import threading
+import time
 from collections.abc import Iterator
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -123,3 +124,83 @@ def test_other_schemes_go_through_fsspec(tmp_path: Path) -> None:
     assert cache.downloads == 2  # then read from the cache
     with pytest.raises(DataError, match=r"could not download shard memory://bucket/nope\.tar"):
         TarShards(["memory://bucket/nope.tar"], cache=cache)
+
+
+@pytest.mark.timeout(60)
+def test_downloads_at_once_never_claim_the_same_room_twice(tmp_path: Path) -> None:
+    """Two downloads in flight together, each finding room for one shard: without a
+    claim under one lock both would land and the cache would hold twice its room."""
+    paths = write_tar_shards(tmp_path / "remote", [20, 20, 20])
+    size = os.path.getsize(paths[0])
+    assert all(os.path.getsize(p) == size for p in paths)
+    arrived = threading.Barrier(2, timeout=10)
+
+    class Handler(SimpleHTTPRequestHandler):
+        def __init__(self, *a: Any, **kw: Any) -> None:
+            super().__init__(*a, directory=str(tmp_path / "remote"), **kw)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            body = (tmp_path / "remote" / self.path.rsplit("/", 1)[-1]).read_bytes()
+            if not self.path.endswith("000.tar"):
+                arrived.wait()  # both requests in flight before either is answered
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.flush()
+            time.sleep(0.3)  # both clients know the size now; the body comes later
+            self.wfile.write(body)
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/shard-{{:03d}}.tar"
+        cache = ShardCache(tmp_path / "cache", max_bytes=int(1.5 * size))
+        cache.path(url.format(0))  # the cache holds one shard: room for one more
+        peak, done = [0], threading.Event()
+
+        def watch() -> None:
+            while not done.is_set():
+                peak[0] = max(peak[0], cache.cached_bytes())
+
+        watcher = threading.Thread(target=watch)
+        watcher.start()
+        errors: list[BaseException] = []
+
+        def fetch(k: int) -> None:
+            try:
+                ShardCache(tmp_path / "cache", max_bytes=int(1.5 * size)).path(url.format(k))
+            except BaseException as err:  # noqa: BLE001 - reported below
+                errors.append(err)
+
+        threads = [threading.Thread(target=fetch, args=(k,)) for k in (1, 2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        done.set()
+        watcher.join()
+        assert not errors, errors
+        assert cache.cached_bytes() <= cache.max_bytes
+        assert peak[0] <= cache.max_bytes, f"held {peak[0]} bytes at once"
+        assert not [n for n in os.listdir(tmp_path / "cache") if n.endswith((".part", ".grow"))]
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.mark.timeout(60)
+def test_the_claim_of_a_worker_that_died_mid_download_is_void(served: Any) -> None:
+    urls, cache = served()
+    gone = mp.get_context("fork").Process(target=int)
+    gone.start()
+    gone.join()
+    cache.directory.mkdir(parents=True)
+    stale = cache.directory / f".abc-shard-009.tar.{gone.pid}.part"
+    with open(stale, "wb") as f:
+        f.truncate(cache.max_bytes)  # all the room, claimed by a process that is gone
+    ds = TarShards(urls, sizes=[30, 25, 40, 35, 20, 50], transform=decode_sample, cache=cache)
+    assert int(ds[0][1]) == 0  # downloads instead of waiting forever
+    assert not stale.exists()

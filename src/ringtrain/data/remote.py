@@ -4,9 +4,13 @@
 (``s3://``, ``gs://``, ...) through ``fsspec`` when it is installed (with the scheme's
 own package, e.g. ``s3fs``). Local paths and ``file://`` URLs are read where they lie.
 
-The cache holds at most ``max_bytes``: before a shard is added, the least recently
-used shards are deleted until it fits, so a dataset larger than the local disk
-trains (each rank only ever needs the few shards it is reading). A shard a worker is
+The cache holds at most ``max_bytes``: before a shard is downloaded, the least
+recently used shards are deleted until it fits, so a dataset larger than the local
+disk trains (each rank only ever needs the few shards it is reading). The room is
+claimed under one lock for the whole directory, by a placeholder file of the shard's
+size, so workers downloading different shards at once cannot each find the same free
+room; when downloads in flight hold it all, the next one waits for them. (A shard whose
+size the server does not announce is downloaded first and claims its room after.) A shard a worker is
 still reading when another evicts it stays readable: the reader holds it open, and
 the file's blocks are freed when it lets go. Workers of one host share the cache
 directory; a lock file per shard makes the second worker wait for the first
@@ -27,6 +31,8 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from http.client import HTTPException
 from pathlib import Path
 from typing import Any
@@ -36,6 +42,7 @@ from ringtrain.errors import DataError
 __all__ = ["ShardCache", "is_remote"]
 
 _CHUNK = 1 << 20
+_WAIT_S = 0.02  # between looks for room while other downloads hold it
 
 
 def is_remote(name: str) -> bool:
@@ -107,57 +114,79 @@ class ShardCache:
             return []
         return [self.directory / n for n in names if not n.startswith(".")]
 
-    def _make_room(self, nbytes: int, keep: Path) -> None:
+    @contextmanager
+    def _locked(self) -> Iterator[None]:
+        """The directory-wide lock: held to claim room, install a shard and evict."""
+        with open(self.directory / ".cache.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            yield
+
+    def _claim(self, nbytes: int, keep: Path, then: Callable[[], None]) -> None:
+        """Evict until ``nbytes`` more fit beside the cached shards and the room other
+        downloads have claimed, then run ``then`` (claim or install) under the lock."""
         if nbytes > self.max_bytes:
             raise DataError(f"a shard of {nbytes} bytes does not fit the shard cache "
                             f"(max_bytes={self.max_bytes}); raise ShardCache(max_bytes=...)")
-        entries = []
-        for p in self._entries():
+        while True:
+            with self._locked():
+                if self._evict_for(nbytes, keep):
+                    then()
+                    return
+            time.sleep(_WAIT_S)  # downloads in flight hold the room: wait for one to land
+
+    def _evict_for(self, nbytes: int, keep: Path) -> bool:
+        cached, claimed = [], 0
+        for name in os.listdir(self.directory):
+            p = self.directory / name
             try:
                 st = p.stat()
             except FileNotFoundError:
                 continue
-            entries.append((st.st_mtime, st.st_size, p))
-        total = sum(size for _, size, _ in entries)
-        for _, size, p in sorted(entries, key=lambda e: e[0]):  # least recently used first
+            if not name.startswith("."):
+                cached.append((st.st_mtime, st.st_size, p))
+            elif name.endswith(".part"):
+                if _alive(name):
+                    claimed += st.st_size
+                else:  # left by a worker that died mid-download: its claim is void
+                    p.unlink(missing_ok=True)
+        total = claimed + sum(size for _, size, _ in cached)
+        for _, size, p in sorted(cached, key=lambda e: e[0]):  # least recently used first
             if total + nbytes <= self.max_bytes:
                 break
             if p != keep:
                 p.unlink(missing_ok=True)
                 total -= size
+        return total + nbytes <= self.max_bytes
 
     def _download(self, name: str, target: Path) -> None:
         last: Exception | None = None
         for attempt in range(self.attempts):
             if attempt:
                 time.sleep(self.backoff_s * 2 ** (attempt - 1))
-            tmp = target.with_name(f".{target.name}.{os.getpid()}.part")
+            # .part: room claimed at the announced size (counted by every claimant);
+            # .grow: size unknown until the end (counted once it is installed)
+            part = target.with_name(f".{target.name}.{os.getpid()}.part")
+            grow = target.with_name(f".{target.name}.{os.getpid()}.grow")
             try:
-                self._fetch(name, tmp, target)
-                os.replace(tmp, target)
+                self._fetch(name, part, grow, target)
                 self.downloads += 1
                 return
             except DataError:
-                tmp.unlink(missing_ok=True)
                 raise
             except (OSError, HTTPException, ValueError) as err:  # URLError is an OSError
-                tmp.unlink(missing_ok=True)
                 last = err
+            finally:
+                part.unlink(missing_ok=True)
+                grow.unlink(missing_ok=True)
         raise DataError(f"could not download shard {name} ({self.attempts} attempts): "
                         f"{_reason(last)}")
 
-    def _fetch(self, name: str, tmp: Path, target: Path) -> None:
+    def _fetch(self, name: str, part: Path, grow: Path, target: Path) -> None:
         if name.startswith(("http://", "https://")):
             with urllib.request.urlopen(name, timeout=self.timeout_s) as resp:
                 length = resp.headers.get("Content-Length")
-                expected = int(length) if length is not None else None
-                if expected is not None:
-                    self._make_room(expected, target)
-                got = _copy(resp, tmp)
-            if expected is not None and got != expected:
-                raise OSError(f"the transfer stopped after {got} of {expected} bytes")
-            if expected is None:
-                self._make_room(got, target)
+                self._receive(resp, int(length) if length is not None else None,
+                              part, grow, target)
             return
         try:
             import fsspec  # type: ignore[import-untyped]
@@ -167,16 +196,44 @@ class ShardCache:
                             "s3fs)") from None
         with fsspec.open(name, "rb") as src:
             size = getattr(src, "size", None)
-            if isinstance(size, int):
-                self._make_room(size, target)
-            got = _copy(src, tmp)
-        if not isinstance(size, int):
-            self._make_room(got, target)
+            self._receive(src, size if isinstance(size, int) else None, part, grow, target)
+
+    def _receive(self, src: Any, expected: int | None, part: Path, grow: Path,
+                 target: Path) -> None:
+        """Copy ``src`` into the cache as ``target``, keeping the bound throughout."""
+        if expected is None:
+            got = _copy(src, grow, "wb")
+            self._claim(got, target, lambda: os.replace(grow, target))
+            return
+
+        def placeholder() -> None:
+            with open(part, "wb") as f:
+                f.truncate(expected)  # sparse: claims the room, costs no blocks yet
+
+        self._claim(expected, target, placeholder)
+        got = _copy(src, part, "r+b")
+        if got != expected:
+            raise OSError(f"the transfer stopped after {got} of {expected} bytes")
+        with self._locked():  # the claim becomes the shard in one rename
+            os.replace(part, target)
 
 
-def _copy(src: Any, tmp: Path) -> int:
-    with open(tmp, "wb") as out:
+def _alive(part_name: str) -> bool:
+    """Whether the process named in ``.<shard>.<pid>.part`` still runs."""
+    try:
+        pid = int(part_name.rsplit(".", 2)[-2])
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (ValueError, PermissionError):
+        return True  # not ours to judge: count its claim
+    return True
+
+
+def _copy(src: Any, dest: Path, mode: str) -> int:
+    with open(dest, mode) as out:
         shutil.copyfileobj(src, out, _CHUNK)
+        out.truncate()  # "r+b" over a placeholder: a short body must not keep its tail
         return out.tell()
 
 
