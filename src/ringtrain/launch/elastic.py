@@ -35,7 +35,6 @@ import shutil
 import signal
 import tempfile
 import time
-import uuid
 
 from ringtrain.errors import ConfigError, LaunchError
 from ringtrain.launch import assignment, network, reaper
@@ -52,6 +51,7 @@ from ringtrain.launch.job import (
     _say,
     _Stop,
     describe_exit,
+    job_run,
 )
 from ringtrain.launch.output import OutputSink
 from ringtrain.launch.proc import Member, stop_all
@@ -386,38 +386,25 @@ class _Driver:
 
 def run_elastic(cfg: JobConfig) -> int:
     """Run a resizable job to completion; returns ringrun's exit code."""
-    run_id = uuid.uuid4().hex[:12]
-    sink = OutputSink(cfg.output_dir, cfg.prefix_output)
-    stop_flag: list[int] = []
-
-    def on_signal(signum: int, _frame: object) -> None:
-        stop_flag.append(signum)
-
-    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     local = cfg.elastic is not None and (any(cfg.is_local(h.name) for h in cfg.elastic.hosts)
                                          or cfg.elastic.discovery_script is not None)
-    watchdog = reaper.Watchdog(run_id) if local else None
-    driver = _Driver(cfg, run_id, sink, stop_flag, watchdog)
-    try:
+    with job_run(cfg, local) as run:
+        driver = _Driver(cfg, run.run_id, run.sink, run.stop_flag, run.watchdog)
         try:
-            driver.start()
-            code = driver.watch()
-        except _Stop as stop:
-            _say(f"received {signal.Signals(stop.signum).name}; stopping the job")
-            return 128 + stop.signum
-        except _HostsDown as down:
-            raise LaunchError(str(down)) from None
-        if code == 0:
-            members = driver.members()
-            stop_all(members, grace=STOP_GRACE_S)  # what is left never joined a formed world
-            if sink.failure is not None:
-                _say(f"error: {sink.failure.message}")
-                return sink.failure.exit_code
-        return code
-    finally:
-        stop_all(driver.members(), grace=STOP_GRACE_S, run_id=run_id if local else None)
-        driver.close()
-        if watchdog is not None:
-            watchdog.close()
-        for s, handler in previous.items():
-            signal.signal(s, handler)
+            try:
+                driver.start()
+                code = driver.watch()
+            except _Stop as stop:
+                _say(f"received {signal.Signals(stop.signum).name}; stopping the job")
+                return 128 + stop.signum
+            except _HostsDown as down:
+                raise LaunchError(str(down)) from None
+            if code == 0:
+                stop_all(driver.members(), grace=STOP_GRACE_S)  # never joined a formed world
+                if run.sink.failure is not None:
+                    _say(f"error: {run.sink.failure.message}")
+                    return run.sink.failure.exit_code
+            return code
+        finally:
+            stop_all(driver.members(), grace=STOP_GRACE_S, run_id=run.run_id if local else None)
+            driver.close()

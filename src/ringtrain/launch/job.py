@@ -23,6 +23,8 @@ import socket
 import sys
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,7 +41,8 @@ from ringtrain.launch.slurm import srun_argv
 from ringtrain.launch.ssh import AGENT_SCRIPT, SshOptions, agent_command, forwarded_env, ssh_argv
 from ringtrain.launch.worlds import ElasticConfig
 
-__all__ = ["JobConfig", "choose_master_addr", "describe_exit", "reach_address", "run_fixed", "worker_env"]
+__all__ = ["JobConfig", "JobRun", "choose_master_addr", "describe_exit", "job_run", "reach_address",
+           "run_fixed", "worker_env"]
 
 #: Seconds without ringrun's heartbeat after which a host agent stops its ranks: a network
 #: partition closes no connection, and the ranks must not outlive their job. Twice
@@ -408,21 +411,51 @@ def _failure_text(member: Member, rank: int, code: int, others: int) -> str:
     return f"rank {rank} ({member.where(rank)}) {describe_exit(code)}; stopping {others} other rank(s)"
 
 
-def run_fixed(cfg: JobConfig) -> int:
-    """Run a fixed-size job to completion; returns ringrun's exit code."""
-    run_id = uuid.uuid4().hex[:12]
-    sink = OutputSink(cfg.output_dir, cfg.prefix_output)
+@dataclass(frozen=True)
+class JobRun:
+    """What one run of ringrun holds whichever engine drives it."""
+
+    run_id: str
+    sink: OutputSink
+    stop_flag: list[int]  # the signals received, appended by the handler
+    watchdog: reaper.Watchdog | None
+    local: bool  # some rank runs on this host
+
+
+@contextmanager
+def job_run(cfg: JobConfig, local: bool) -> Iterator[JobRun]:
+    """A run id, the output sink, signal handlers that only record, and (``local``) the
+    reaper watchdog; the handlers are restored and the watchdog closed on the way out."""
+    run_id, sink = uuid.uuid4().hex[:12], OutputSink(cfg.output_dir, cfg.prefix_output)
     stop_flag: list[int] = []
 
     def on_signal(signum: int, _frame: object) -> None:
         stop_flag.append(signum)
 
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
-    # Outlives a SIGKILLed ringrun to end what its local ranks started (see reaper.py).
-    # Without local ranks there is nothing of the job here to end: each agent ends its own.
-    local = any(cfg.is_local(h) for h in cfg.hosts)
-    watchdog = reaper.Watchdog(run_id) if local else None
-    mark = run_id if local else None
+    watchdog = None
+    try:
+        # Outlives a SIGKILLed ringrun to end what its local ranks started (see
+        # reaper.py). Without local ranks there is nothing of the job here to end:
+        # each agent ends its own.
+        watchdog = reaper.Watchdog(run_id) if local else None
+        yield JobRun(run_id, sink, stop_flag, watchdog, local)
+    finally:
+        if watchdog is not None:
+            watchdog.close()
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+def run_fixed(cfg: JobConfig) -> int:
+    """Run a fixed-size job to completion; returns ringrun's exit code."""
+    with job_run(cfg, any(cfg.is_local(h) for h in cfg.hosts)) as run:
+        return _run_attempts(cfg, run)
+
+
+def _run_attempts(cfg: JobConfig, run: JobRun) -> int:
+    run_id, sink, stop_flag, watchdog = run.run_id, run.sink, run.stop_flag, run.watchdog
+    mark = run_id if run.local else None
     members: list[Member] = []
     try:
         for attempt in range(cfg.max_restarts + 1):
@@ -464,10 +497,6 @@ def run_fixed(cfg: JobConfig) -> int:
         return 1  # unreachable: the loop always returns
     finally:
         _stop_everything(members, mark)
-        if watchdog is not None:
-            watchdog.close()
-        for s, handler in previous.items():
-            signal.signal(s, handler)
 
 
 def _stop_everything(members: list[Member], mark: str | None) -> None:
