@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from ringtrain import inflight, sockets
+from ringtrain import inflight, lingering, sockets
 from ringtrain.env import LaunchEnv, parse_env
 from ringtrain.errors import ConfigError, LaunchEnvError, NotInitializedError
 from ringtrain.settings import Settings, load_settings
@@ -116,16 +116,41 @@ def mark_broken(reason: str) -> None:
 
 def _exit_guard() -> None:
     if _broken is None:
+        if _world is not None:
+            # Left without shutdown(): release what the layers above hold (exchange
+            # groups and their threads, stall reporting) now, while their threads can
+            # still be joined. The process group itself is left as torch leaves it.
+            for fn in list(_shutdown_hooks):
+                try:
+                    fn()
+                except Exception as exc:  # noqa: BLE001 - exiting either way
+                    log.debug("exit: shutdown hook failed (%s)", exc)
         # The backend's threads must let go of our tensors while the interpreter can
         # still take their decrefs (see ringtrain.inflight).
         inflight.drain()
-        return
+        # No thread of ours may be inside a backend call once finalization starts
+        # (see ringtrain.lingering): one that does not finish in time makes this a
+        # clean exit with status 1 rather than an abort.
+        stuck = lingering.settle(_exit_wait_s())
+        if not stuck:
+            return
+        print(f"ringtrain: thread(s) {', '.join(stuck)} still inside a backend call at exit "
+              f"after {_exit_wait_s():.0f} s (a peer or rank 0's store does not answer); "
+              "leaving with status 1 instead of aborting", file=sys.stderr)
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
         except Exception:  # noqa: BLE001 - a closed stream: nothing more to write
             pass
     os._exit(1)
+
+
+def _exit_wait_s() -> float:
+    """How long exit waits for ringtrain's threads: as long as an exchange may wait
+    (rank 0's store answers from a thread of its own even while its script is busy, so
+    only a frozen or vanished rank 0 makes this wait)."""
+    stall = _world.settings.stall_timeout if _world is not None else 0.0
+    return max(5.0, stall)
 
 
 def add_shutdown_hook(fn: Callable[[], None]) -> None:

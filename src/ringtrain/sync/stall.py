@@ -32,7 +32,7 @@ from typing import Any, TypeVar
 import torch
 import torch.distributed as dist
 
-from ringtrain import runtime
+from ringtrain import lingering, runtime
 from ringtrain.errors import CollectiveError, StallError
 from ringtrain.settings import env_name
 from ringtrain.signing import Signer
@@ -106,6 +106,7 @@ class Tracker:
         self._written = True
         self._closed = False
         self._thread = threading.Thread(target=self._report, name="ringtrain-stall", daemon=True)
+        lingering.track(self._thread)  # it writes to the store: joined at exit once closed
         self._thread.start()
         atexit.register(self.mark_gone)
 
@@ -203,7 +204,8 @@ def _bounded(fn: Callable[[], T], seconds: float) -> T | None:
         except Exception as exc:  # noqa: BLE001
             box.append((False, exc))
 
-    t = threading.Thread(target=run, daemon=True)
+    t = threading.Thread(target=run, name="ringtrain-store-call", daemon=True)
+    lingering.track(t)  # left in the store call past the bound: still joined at exit
     t.start()
     t.join(seconds)
     if not box:

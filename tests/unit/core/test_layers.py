@@ -25,7 +25,8 @@ _LAYER_OF = {
     "horovod": "facades", "keras": "facades",
 }
 # Imported by anything: they import no other layer.
-LEAVES = {"errors", "settings", "env", "events", "sockets", "compression", "bubble", "signing", "inflight"}
+LEAVES = {"errors", "settings", "env", "events", "sockets", "compression", "bubble", "signing", "inflight",
+          "lingering"}
 # Not layers: the composition root (sets the hooks) and the tools built on everything.
 TOOLS = {"wiring", "cli", "plan", "__init__"}
 
