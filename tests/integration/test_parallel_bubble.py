@@ -3,7 +3,7 @@
 Two equal stages (the same blocks, cut by parameter count), eight micro-batches: each
 stage waits for its neighbour 1/9 of the schedule by construction. The stage measures
 its own idle time (the schedule's wall time minus its forward, backward and loss
-work); the test compares the mean over both stages and the steps after the first
+work); the test compares the mean over both stages of the median step after the first
 (which includes the shape exchange) with the planner's prediction.
 
 The device's work is emulated, as in examples/input_bound.py: each block sleeps a
@@ -27,10 +27,12 @@ from ringtrain.plan.parallelism import bubble_fraction
 STAGES, MICROBATCHES = 2, 8
 WIDTH, ROWS = 16, 4
 #: Emulated device time of one block's forward per micro-batch (backward: twice it).
-#: 2 blocks per stage: 60 ms of work per micro-batch and stage, against the 1-5 ms a
-#: Gloo send between two processes took here on a loaded machine.
-FORWARD_S = 0.010
-STEPS = 5
+#: 2 blocks per stage: 150 ms of work per micro-batch and stage, against the 1-5 ms a
+#: Gloo send between two processes took here on a loaded machine, and the wake-up
+#: latency of each hand-over (16 per step; at 10 ms per forward they added 4-8 points
+#: of idle under a load average of 6, failing the bound once in CI).
+FORWARD_S = 0.025
+STEPS = 6  # 5 measured: their median
 POINTS = 0.05  # the bound: within 5 points
 
 
@@ -75,7 +77,12 @@ def run(schedule: str) -> dict[str, Any]:
         par.step(x, torch.tanh(x), optimizer=opt)
     times = par.stage_times
     assert times is not None
-    return {"stage": par.coords.stage, "share": times.bubble_share(skip=1),
+    # Each step's idle share, the median over the steps after the first: a step that
+    # the loaded machine descheduled (its idle then grows: noise only adds waiting)
+    # must not move the figure; the schedule's bubble is in every step.
+    shares = sorted(i / s for i, s in zip(times.idle[1:], times.steps[1:], strict=True))
+    return {"stage": par.coords.stage, "share": shares[len(shares) // 2],
+            "mean_share": times.bubble_share(skip=1),
             "step_s": sum(times.steps[1:]) / (STEPS - 1)}
 
 
@@ -87,6 +94,7 @@ def test_measured_bubble_is_the_planned_one() -> None:
         stages = [r[schedule] for r in ranks]
         measured = sum(s["share"] for s in stages) / len(stages)
         print(f"{schedule}: predicted {predicted:.1%}, measured {measured:.1%} "
-              f"(stages {[round(s['share'], 3) for s in stages]}, "
+              f"(stages {[round(s['share'], 3) for s in stages]}, mean over steps "
+              f"{[round(s['mean_share'], 3) for s in stages]}, "
               f"step {stages[0]['step_s'] * 1e3:.0f} ms)")
         assert abs(measured - predicted) <= POINTS, schedule
