@@ -40,14 +40,25 @@ def test_horovod_script_changes_one_import_and_trains(tmp_path: Path) -> None:
     assert_no_orphans(marker)
 
 
-@pytest.mark.timeout(150)
+def _torchrun_reference(tmp_path: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """The plain-torch run that ringtrain's must match. Plain torch itself sometimes
+    aborts at exit under load (a rank's SIGABRT after training, outside ringtrain:
+    seen once in CI); that reference run is repeated once, nothing else is."""
+    for _ in range(2):
+        ddp = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                              "--nproc-per-node", "2", str(MIGRATE / "ddp_before.py")],
+                             capture_output=True, text=True, timeout=100, cwd=tmp_path, env=env)
+        if ddp.returncode == 0 or "(SIGABRT)" not in ddp.stderr or "epoch 4 loss" not in ddp.stdout:
+            return ddp
+    return ddp
+
+
+@pytest.mark.timeout(250)
 def test_ddp_script_and_its_ringtrain_version_train_the_same(tmp_path: Path) -> None:
     marker = uuid.uuid4().hex
     env = env_for(marker)
     env["OUT"] = str(tmp_path / "ddp.pt")
-    ddp = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                          str(MIGRATE / "ddp_before.py")], capture_output=True, text=True, timeout=100,
-                         cwd=tmp_path, env=env)
+    ddp = _torchrun_reference(tmp_path, env)
     assert ddp.returncode == 0, ddp.stderr[-2000:]
     env["OUT"] = str(tmp_path / "rt.ckpt")
     rt = subprocess.run([str(BIN / "ringrun"), "-np", "2", "python", str(MIGRATE / "ddp_after.py")],
