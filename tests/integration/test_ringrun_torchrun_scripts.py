@@ -32,7 +32,7 @@ def torchrun_weights(tmp_path_factory: pytest.TempPathFactory) -> dict[str, torc
     return torch.load(out)
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(220)
 @pytest.mark.parametrize("mode,fixed_port", [
     ("gloo", False), ("none", False), ("env", False), ("rt-after", False),
     ("gloo", True), ("env", True),
@@ -42,8 +42,15 @@ def test_torchrun_script_under_ringrun_trains_as_under_torchrun(
     out = tmp_path / "w.pt"
     marker = uuid.uuid4().hex
     port = ["--master-port", str(free_port())] if fixed_port else []
-    res = subprocess.run([str(BIN / "ringrun"), "-np", "2", *port, "python", SCRIPT, mode, str(out)],
-                         capture_output=True, text=True, timeout=100, env=env_for(marker))
+    for _ in range(2):
+        res = subprocess.run([str(BIN / "ringrun"), "-np", "2", *port, "python", SCRIPT, mode, str(out)],
+                             capture_output=True, text=True, timeout=100, env=env_for(marker))
+        # Torch alone (these modes never import ringtrain) now and then aborts a rank at
+        # exit after destroy_process_group() under load (seen in CI, under torchrun too):
+        # that run is repeated once; a script with ringtrain in it is not.
+        if not (mode != "rt-after" and "terminate called" in res.stdout
+                and res.stdout.count(" done") == 2):
+            break
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
     assert "EADDRINUSE" not in res.stdout + res.stderr
     assert sorted(line for line in res.stdout.splitlines() if "done" in line) == [
