@@ -120,22 +120,19 @@ def _exit_guard() -> None:
             # Left without shutdown(): release what the layers above hold (exchange
             # groups and their threads, stall reporting) now, while their threads can
             # still be joined. The process group itself is left as torch leaves it.
-            for fn in list(_shutdown_hooks):
-                try:
-                    fn()
-                except Exception as exc:  # noqa: BLE001 - exiting either way
-                    log.debug("exit: shutdown hook failed (%s)", exc)
+            _run_hooks_leniently("exit")
         # The backend's threads must let go of our tensors while the interpreter can
         # still take their decrefs (see ringtrain.inflight).
         inflight.drain()
         # No thread of ours may be inside a backend call once finalization starts
         # (see ringtrain.lingering): one that does not finish in time makes this a
         # clean exit with status 1 rather than an abort.
-        stuck = lingering.settle(_exit_wait_s())
+        wait_s = _exit_wait_s()
+        stuck = lingering.settle(wait_s)
         if not stuck:
             return
         print(f"ringtrain: thread(s) {', '.join(stuck)} still inside a backend call at exit "
-              f"after {_exit_wait_s():.0f} s (a peer or rank 0's store does not answer); "
+              f"after {wait_s:.0f} s (a peer or rank 0's store does not answer); "
               "leaving with status 1 instead of aborting", file=sys.stderr)
     for stream in (sys.stdout, sys.stderr):
         try:
@@ -143,6 +140,15 @@ def _exit_guard() -> None:
         except Exception:  # noqa: BLE001 - a closed stream: nothing more to write
             pass
     os._exit(1)
+
+
+def _run_hooks_leniently(when: str) -> None:
+    """The shutdown hooks, for a world that is over either way: a failing one is logged."""
+    for fn in list(_shutdown_hooks):
+        try:
+            fn()
+        except Exception as exc:  # noqa: BLE001 - the world is gone whatever it raised
+            log.debug("%s: shutdown hook failed (%s)", when, exc)
 
 
 def _exit_wait_s() -> float:
@@ -338,11 +344,7 @@ def abandon() -> None:
     mark, so the next :func:`init` (after :func:`assign`) starts clean."""
     global _world, _store, _broken
     if _world is not None:
-        for fn in list(_shutdown_hooks):
-            try:
-                fn()
-            except Exception as exc:  # noqa: BLE001 - the old world is gone either way
-                log.debug("abandon: shutdown hook failed (%s)", exc)
+        _run_hooks_leniently("abandon")
         if _world.owns_group and dist.is_initialized():
             try:
                 dist.destroy_process_group()
