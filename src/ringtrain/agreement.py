@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from ringtrain import inflight
 from ringtrain.errors import ConfigError, MismatchError
 
 __all__ = ["Header", "KINDS", "MAX_DIMS", "OPS", "agree", "describe", "encode", "decode", "op_code",
@@ -176,6 +177,7 @@ def describe(kind: str, headers: Sequence[Header], names: Sequence[str | None] |
 
 
 def _sum_in_place(t: torch.Tensor) -> None:
+    inflight.hold(t)
     dist.all_reduce(t)
 
 
@@ -208,14 +210,13 @@ def agree(kind: str, tensor: torch.Tensor, size: int, rank: int, name: str | Non
     exchange(table.view(-1))
     headers = [decode(r) for r in table.tolist()]
     if any(h.invalid for h in headers):
-        problems: list[str | None] = [None] * size
-        dist.all_gather_object(problems, problem)
+        problems: list[str | None] = inflight.gather_objects(problem, device=device)
         raise ConfigError("; ".join(f"rank {r}: {p}" for r, p in enumerate(problems) if p))
     if describe(kind, headers) is None:
         return headers
     # Everyone found the same mismatch: a second exchange for the names is safe.
-    labels: list[tuple[str | None, str | None] | None] = [None] * size
-    dist.all_gather_object(labels, (name, variant_label))
+    labels: list[tuple[str | None, str | None] | None] = inflight.gather_objects(
+        (name, variant_label), device=device)
     names = [x[0] if x else None for x in labels]
     variants = [x[1] if x else None for x in labels]
     raise MismatchError(describe(kind, headers, names, variants) or f"Mismatched {kind} calls")

@@ -11,22 +11,30 @@ interpreter is finalizing by then, taking the GIL ends the thread with
 So every tensor ringtrain passes to a collective is also held here, with the
 TensorImpl reference count it had before the call. :func:`drain` (``rt.shutdown()`` and
 the runtime's exit handler call it) waits until each is back to that count, i.e. the
-backend has let go, and only then are they released, in the calling thread. Holding
-costs a deque append; the deque keeps the last few hundred tensors (older ones were
-released by the backend long ago). Leaf module: torch only.
+backend has let go, and only then are they released, in the calling thread. Each hold
+first drops the calling thread's tensors the backend has let go of since (so a job
+keeps only what is in flight, not hundreds of fused buffers); the deque keeps at most a
+few hundred.
+
+torch's own object collectives (``all_gather_object``, ``broadcast_object_list``)
+make their tensors inside torch, where nothing can hold them: :func:`gather_objects`
+is the held replacement every layer uses. Leaf module: torch only.
 """
 
 from __future__ import annotations
 
+import pickle
 import threading
 import time
 from collections import deque
+from typing import Any
 
 import torch
+import torch.distributed as dist
 
-__all__ = ["drain", "hold"]
+__all__ = ["drain", "gather_objects", "hold"]
 
-_held: deque[tuple[torch.Tensor, int]] = deque(maxlen=512)
+_held: deque[tuple[torch.Tensor, int, int]] = deque(maxlen=512)  # (tensor, base, thread)
 _lock = threading.Lock()
 
 
@@ -38,8 +46,17 @@ def _uses(t: torch.Tensor) -> int:
 def hold(*tensors: torch.Tensor) -> None:
     """Call *before* handing ``tensors`` to the backend (the count taken is the baseline)."""
     with _lock:
+        me = threading.get_ident()
+        if _held:
+            # Let go (here, in a thread that may take the GIL) of what the backend
+            # released since: only tensors still in flight need keeping. Only this
+            # thread's: its earlier calls have returned, so the backend took its
+            # references then; another thread's tensor may be held but not handed over yet.
+            kept = [e for e in _held if e[2] != me or _uses(e[0]) > e[1]]
+            _held.clear()
+            _held.extend(kept)
         for t in tensors:
-            _held.append((t, _uses(t)))
+            _held.append((t, _uses(t), me))
 
 
 def drain(timeout: float = 2.0) -> bool:
@@ -49,8 +66,32 @@ def drain(timeout: float = 2.0) -> bool:
     with _lock:
         items = list(_held)
         _held.clear()
-    pending = [(t, base) for t, base in items if _uses(t) > base]
+    pending = [(t, base) for t, base, _ in items if _uses(t) > base]
     while pending and time.monotonic() < deadline:
         time.sleep(0.001)  # lets a descheduled worker thread run (and take the GIL)
         pending = [(t, base) for t, base in pending if _uses(t) > base]
     return not pending
+
+
+def gather_objects(obj: Any, group: Any = None, device: torch.device | None = None) -> list[Any]:
+    """Every member's ``obj`` (pickled), by group rank: ``dist.all_gather_object`` with
+    tensors held here. ``device``: where the bytes travel (NCCL moves only CUDA tensors;
+    default the CPU)."""
+    n = dist.get_world_size(group)
+    if n == 1:
+        return [obj]
+    where = device if device is not None else torch.device("cpu")
+    data = torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8).to(where)
+    size = torch.tensor([data.numel()], dtype=torch.int64, device=where)
+    sizes = [torch.zeros(1, dtype=torch.int64, device=where) for _ in range(n)]
+    hold(size, *sizes)
+    dist.all_gather(sizes, size, group=group)
+    lengths = [int(s.item()) for s in sizes]
+    longest = max(lengths)
+    padded = torch.zeros(longest, dtype=torch.uint8, device=where)
+    padded[: data.numel()] = data
+    outs = [torch.empty(longest, dtype=torch.uint8, device=where) for _ in range(n)]
+    hold(padded, *outs)
+    dist.all_gather(outs, padded, group=group)
+    return [pickle.loads(out[:length].cpu().numpy().tobytes())
+            for out, length in zip(outs, lengths, strict=True)]

@@ -39,7 +39,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from ringtrain import runtime
+from ringtrain import inflight, runtime
 from ringtrain.coordinator import execute
 from ringtrain.coordinator.execute import Group, Request
 from ringtrain.coordinator.process_sets import ProcessSet
@@ -304,8 +304,8 @@ class Engine:
             self._cycle = k + 1
             flags = (self._joined_local, self._stopping_local)
         self.trace.cycle_start()
-        gathered: list[Any] = [None] * self.size
-        dist.all_gather_object(gathered, (batch, flags), group=self.control)
+        # Held tensors (not torch's all_gather_object): this gather also runs at exit.
+        gathered = inflight.gather_objects((batch, flags), group=self.control)
         if self.rank == 0:
             self._waker.done(k)  # every rank is past waiting for it
         stopping = 0

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from ringtrain import inflight
 from ringtrain.coordinator.adasum import adasum_tree
 from ringtrain.coordinator.requests import Meta
 
@@ -122,6 +123,7 @@ def allreduce_fused(group: Group, metas: Sequence[Meta], reqs: Sequence[Request 
     else:
         flat = torch.cat(parts) if len(parts) > 1 else parts[0].clone()
         pg, wire = _wire(group, flat)
+        inflight.hold(wire)
         dist.all_reduce(wire, op=_TORCH_OPS[first.op], group=pg)
         if wire is not flat:
             flat.copy_(wire)
@@ -160,6 +162,7 @@ def _gather_bytes(group: Group, t: torch.Tensor, rows: Sequence[int]) -> list[to
         mine = torch.cat([mine, torch.zeros(pad, dtype=torch.uint8, device=mine.device)])
     pg, wire = _wire(group, mine)
     bufs = [torch.empty_like(wire) for _ in group.ranks]
+    inflight.hold(wire, *bufs)
     dist.all_gather(bufs, wire, group=pg)
     out = []
     for buf, n in zip(bufs, rows, strict=True):
@@ -183,6 +186,7 @@ def broadcast(group: Group, root: int, req: Request) -> torch.Tensor:
     src = req.tensor.detach()
     data = _as_bytes(src).clone()
     pg, wire = _wire(group, data)
+    inflight.hold(wire)
     dist.broadcast(wire, src=root, group=pg)
     result = wire.to(src.device).view(src.dtype).reshape(src.shape)
     delivered = _deliver(req, result)
@@ -203,6 +207,7 @@ def alltoall(group: Group, metas_by_rank: dict[int, Meta], req: Request,
     data = _as_bytes(t)
     pg, wire = _wire(group, data)
     out = torch.empty(sum(recv) * row_bytes, dtype=torch.uint8, device=wire.device)
+    inflight.hold(out, wire)
     dist.all_to_all_single(out, wire, output_split_sizes=[s * row_bytes for s in recv],
                            input_split_sizes=[s * row_bytes for s in send], group=pg)
     result = out.to(t.device).view(t.dtype).reshape((sum(recv), *t.shape[1:]))
@@ -226,6 +231,7 @@ def reducescatter(group: Group, req: Request | None, meta: Meta, world_rank: int
     pg, wire = _wire(group, t)
     pieces = [p.contiguous() for p in torch.split(wire, shares)]
     out = torch.empty_like(pieces[group.index(world_rank)])
+    inflight.hold(out, *pieces)
     dist.reduce_scatter(out, pieces, op=_TORCH_OPS[meta.op], group=pg)
     result = _finish(out.to(t.device), meta, len(group.ranks))
     return None if req is None else result

@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ringtrain import events, runtime
+from ringtrain import events, inflight, runtime
 from ringtrain.errors import ConfigError
 from ringtrain.parallel.layout import Coords, Layout
 from ringtrain.parallel.memory import StateMemory, state_memory
@@ -162,6 +162,7 @@ class Parallel:
                 header[2:2 + targets.dim()] = torch.tensor(targets.shape)
         comm_device = self._comm_device()
         header = header.to(comm_device)
+        inflight.hold(header)
         dist.broadcast(header, src=src, group=group)
         h = header.cpu().tolist()
         if h[0] == -1:
@@ -176,6 +177,7 @@ class Parallel:
             buf = targets.to(comm_device).contiguous()
         else:
             buf = torch.empty(shape, dtype=_DTYPES[h[1]], device=comm_device)
+        inflight.hold(buf)
         dist.broadcast(buf, src=src, group=group)
         return buf.to(self.device) if self.is_last_stage else None
 
@@ -194,6 +196,7 @@ class Parallel:
         if owner:
             assert local is not None
             value += local.to(comm_device, torch.float64)
+        inflight.hold(value)
         dist.all_reduce(value)
         return float(value) / self.data_size
 
@@ -214,8 +217,7 @@ class Parallel:
             local[name] = full.detach().cpu().clone()
         if self.layout.size() == 1:
             return local
-        parts: list[Any] = [None] * self.layout.size()
-        dist.all_gather_object(parts, local)
+        parts: list[Any] = inflight.gather_objects(local, device=self._comm_device())
         merged: dict[str, torch.Tensor] = {}
         for part in parts:
             for name, tensor in part.items():
@@ -305,8 +307,10 @@ def _agree(problem: str | None, rank: int, world: int) -> None:
     """
     outcomes = [problem]
     if world > 1:
-        outcomes = [None] * world
-        dist.all_gather_object(outcomes, problem)
+        # NCCL moves only CUDA tensors (the device is not known yet: this rank's own).
+        nccl = dist.get_backend() == "nccl"
+        device = torch.device("cuda", torch.cuda.current_device()) if nccl else None
+        outcomes = inflight.gather_objects(problem, device=device)
     failed = [r for r, p in enumerate(outcomes) if p]
     if not failed:
         return

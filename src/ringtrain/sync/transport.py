@@ -178,6 +178,7 @@ class NcclTransport:
         # The group spans every rank in rank order, so global and group ranks agree.
         ops = [dist.P2POp(dist.irecv, t, peer=src, group=self._group) for t, src, _ in recvs]
         ops += [dist.P2POp(dist.isend, t, peer=dst, group=self._group) for t, dst, _ in sends]
+        inflight.hold(*(t for t, _, _ in recvs), *(t for t, _, _ in sends))
         works = [w for w in dist.batch_isend_irecv(ops) if w is not None]
         # The batch may come back as one work for all its messages (NCCL coalesces
         # them); waiting for a message means waiting for its batch.
