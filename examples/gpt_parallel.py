@@ -211,7 +211,9 @@ def train(args: argparse.Namespace) -> None:
             say(f"step {step} loss {loss:.4f} samples/s {rate:.1f}", flush=True)
     worst = torch.tensor(memory, dtype=torch.float64)
     if rt.size() > 1:
-        torch.distributed.all_reduce(worst, op=torch.distributed.ReduceOp.MAX)
+        # ringtrain's collective, not torch's: its tensor is held until Gloo's thread lets
+        # go of it, so no finished work is released during interpreter finalization.
+        worst = rt.allreduce(worst, op=rt.Max, name="state_mib")
     if args.save:
         par.save(args.save, opt)
     say(f"final loss {loss!r}")

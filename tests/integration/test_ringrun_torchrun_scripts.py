@@ -22,11 +22,16 @@ BIN = Path(sys.executable).parent
 def torchrun_weights(tmp_path_factory: pytest.TempPathFactory) -> dict[str, torch.Tensor]:
     out = tmp_path_factory.mktemp("torchrun") / "w.pt"
     marker = uuid.uuid4().hex
-    res = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-         SCRIPT, "gloo", str(out)],
-        capture_output=True, text=True, timeout=100, env=env_for(marker),
-    )
+    for _ in range(2):
+        res = subprocess.run(
+            [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+             SCRIPT, "gloo", str(out)],
+            capture_output=True, text=True, timeout=100, env=env_for(marker),
+        )
+        # The reference is torch alone under torchrun (no ringtrain anywhere): torch now and
+        # then aborts a rank at exit under load (seen in a fresh-clone CI run): once more.
+        if not ("terminate called" in res.stderr and res.stdout.count(" done") == 2):
+            break
     assert res.returncode == 0, res.stderr[-2000:]
     assert_no_orphans(marker)
     return torch.load(out)
