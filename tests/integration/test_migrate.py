@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from hosts.harness import assert_no_orphans, env_for
+from hosts.harness import assert_no_orphans, env_for, run_torch_only
 
 MIGRATE = Path(__file__).resolve().parents[2] / "examples" / "migrate"
 BIN = Path(sys.executable).parent
@@ -41,16 +41,10 @@ def test_horovod_script_changes_one_import_and_trains(tmp_path: Path) -> None:
 
 
 def _torchrun_reference(tmp_path: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    """The plain-torch run that ringtrain's must match. Plain torch itself sometimes
-    aborts at exit under load (a rank's SIGABRT after training, outside ringtrain:
-    seen once in CI); that reference run is repeated once, nothing else is."""
-    for _ in range(2):
-        ddp = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                              "--nproc-per-node", "2", str(MIGRATE / "ddp_before.py")],
-                             capture_output=True, text=True, timeout=100, cwd=tmp_path, env=env)
-        if ddp.returncode == 0 or "(SIGABRT)" not in ddp.stderr or "epoch 4 loss" not in ddp.stdout:
-            return ddp
-    return ddp
+    """The plain-torch run that ringtrain's must match."""
+    return run_torch_only([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+                           "2", str(MIGRATE / "ddp_before.py")],
+                          lambda res: "epoch 4 loss" in res.stdout, timeout=100, cwd=tmp_path, env=env)
 
 
 @pytest.mark.timeout(250)

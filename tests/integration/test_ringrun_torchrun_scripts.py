@@ -11,27 +11,24 @@ from pathlib import Path
 
 import pytest
 import torch
-from hosts.harness import assert_no_orphans, env_for
+from hosts.harness import assert_no_orphans, env_for, run_torch_only
 from ringtest import free_port
 
 SCRIPT = str(Path(__file__).parent / "scripts" / "ddp_torchrun_style.py")
 BIN = Path(sys.executable).parent
 
 
+def _both_done(res: subprocess.CompletedProcess[str]) -> bool:
+    return res.stdout.count(" done") == 2
+
+
 @pytest.fixture(scope="module")
 def torchrun_weights(tmp_path_factory: pytest.TempPathFactory) -> dict[str, torch.Tensor]:
     out = tmp_path_factory.mktemp("torchrun") / "w.pt"
     marker = uuid.uuid4().hex
-    for _ in range(2):
-        res = subprocess.run(
-            [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-             SCRIPT, "gloo", str(out)],
-            capture_output=True, text=True, timeout=100, env=env_for(marker),
-        )
-        # The reference is torch alone under torchrun (no ringtrain anywhere): torch now and
-        # then aborts a rank at exit under load (seen in a fresh-clone CI run): once more.
-        if not ("terminate called" in res.stderr and res.stdout.count(" done") == 2):
-            break
+    # The reference is torch alone under torchrun (no ringtrain anywhere).
+    res = run_torch_only([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+                          "2", SCRIPT, "gloo", str(out)], _both_done, timeout=100, env=env_for(marker))
     assert res.returncode == 0, res.stderr[-2000:]
     assert_no_orphans(marker)
     return torch.load(out)
@@ -47,15 +44,11 @@ def test_torchrun_script_under_ringrun_trains_as_under_torchrun(
     out = tmp_path / "w.pt"
     marker = uuid.uuid4().hex
     port = ["--master-port", str(free_port())] if fixed_port else []
-    for _ in range(2):
-        res = subprocess.run([str(BIN / "ringrun"), "-np", "2", *port, "python", SCRIPT, mode, str(out)],
-                             capture_output=True, text=True, timeout=100, env=env_for(marker))
-        # Torch alone (these modes never import ringtrain) now and then aborts a rank at
-        # exit after destroy_process_group() under load (seen in CI, under torchrun too):
-        # that run is repeated once; a script with ringtrain in it is not.
-        if not (mode != "rt-after" and "terminate called" in res.stdout
-                and res.stdout.count(" done") == 2):
-            break
+    command = [str(BIN / "ringrun"), "-np", "2", *port, "python", SCRIPT, mode, str(out)]
+    if mode == "rt-after":  # ringtrain is in this script: it gets one run
+        res = subprocess.run(command, capture_output=True, text=True, timeout=100, env=env_for(marker))
+    else:  # these modes never import ringtrain
+        res = run_torch_only(command, _both_done, timeout=100, env=env_for(marker))
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
     assert "EADDRINUSE" not in res.stdout + res.stderr
     assert sorted(line for line in res.stdout.splitlines() if "done" in line) == [
