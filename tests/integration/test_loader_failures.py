@@ -191,8 +191,13 @@ def test_a_dropped_loader_stops_its_workers() -> None:
 
 def _run_script(body: str, *args: str, sig: int | None = None, wait_for: str = "READY"
                 ) -> tuple[subprocess.CompletedProcess[str] | None, list[int], str]:
+    # The child takes Ctrl-C as Python's default does whatever it inherited: a suite
+    # started in the background by a non-interactive shell (``make test &``, a CI runner
+    # under nohup) passes SIGINT down ignored, and a Python started so never raises
+    # KeyboardInterrupt (seen: the ctrl-c case below then trained its epoch to the end).
     script = textwrap.dedent(f"""
-        import os, sys, time
+        import os, signal, sys, time
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         sys.path.insert(0, {SRC!r}); sys.path.insert(0, {str(Path(__file__).parent)!r})
         from test_loader_failures import Faulty
         from ringtrain.data import Loader
