@@ -269,7 +269,12 @@ class WorkerFeed:
                     "Loader(timeout=...)")
         msg = self._ready.pop(seq)
         self._window.took(k)
-        self._dispatch()  # refill before the loop computes on this batch
+        # Refill before the loop computes on this batch, but make at most one new slot
+        # here: right after the first batches sized the slots, making the window's worth
+        # (reserving and zeroing ~16 MiB each for 3x64x64 float batches of 256) held
+        # back the first batch by 10-30 ms; the helper thread makes the rest while the
+        # loop computes.
+        self._dispatch(new_slots=1)
         return msg
 
     def next_batch(self, k: int, timeout: float | None, loop_s: float | None = None) -> Any:
@@ -318,8 +323,9 @@ class WorkerFeed:
             self._build_k = k + 1
         self._dispatch()
 
-    def _dispatch(self) -> None:
-        """Hand out tasks while there are batches to do, free slots and idle workers."""
+    def _dispatch(self, new_slots: int | None = None) -> None:
+        """Hand out tasks while there are batches to do, free slots and idle workers;
+        ``new_slots``: at most that many slots are made for them (None: as many as fit)."""
         pool, slots, window = self.pool, self.slots, self._window
         assert pool is not None and slots is not None and window.plan is not None
         if self.stager is not None:
@@ -340,9 +346,12 @@ class WorkerFeed:
                 task = window.next_task(prefetch)
                 if task is None:
                     break
-                slot = slots.acquire()
+                fresh = len(slots.slots)
+                slot = slots.acquire(create=new_slots is None or new_slots > 0)
                 if slot is None and (slots.sized or len(pool.owner) >= len(pool.active)):
                     break  # all slots busy (unsized: one batch per worker sizes them)
+                if new_slots is not None and len(slots.slots) > fresh:
+                    new_slots -= 1
                 pool.submit(worker, task.seq, task.plan_id, task.plan, task.batch, slot)
                 window.sent(task)
                 sent += 1

@@ -1,13 +1,14 @@
 """The messages between the training process and its loader workers.
 
-One duplex socket per worker carries small messages; array data never crosses it
-except on the rare fallback path (:class:`Oversize`). Each message is a NamedTuple
+One duplex socket per worker carries small messages and descriptors; array data
+never crosses it (a batch without a slot that fits travels in a shared file of its
+own, :class:`Oversize`). Each message is a NamedTuple
 of its own type, so code reads fields by name and dispatches on the type::
 
     training process -> worker                 worker -> training process
       Plan(plan_id, plan)      once per plan     Done(seq, slot_id, spec)
       MapSlot(slot_id, size)   + a descriptor    Oversize(seq, slot_id, spec, nbytes)
-      UnmapSlot(slot_id)                           + nbytes raw bytes (the batch)
+      UnmapSlot(slot_id)                           + a descriptor (the batch)
       Task(seq, plan_id, batch, slot_id)         Failed(seq, slot_id, message)
       Stop()                                     InitFailed(message)
 
@@ -77,14 +78,15 @@ class Done(NamedTuple):
 
 class Oversize(NamedTuple):
     """Task ``seq``'s batch did not fit slot ``slot_id`` (or it had none): its
-    ``nbytes`` bytes follow on the socket. ``payload`` is filled in by the receiver
-    once it has read them (it is never sent)."""
+    ``nbytes`` bytes are in a shared file of their own, whose descriptor follows on the
+    socket. ``payload`` (a buffer over that file) is filled in by the receiver once it
+    has mapped it (it is never sent)."""
 
     seq: int
     slot_id: int
     spec: tuple
     nbytes: int
-    payload: bytearray | None = None
+    payload: Any = None
 
 
 class Failed(NamedTuple):

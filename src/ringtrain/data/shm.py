@@ -130,14 +130,15 @@ class SlotPool:
         if nbytes > self.slot_bytes:
             self.slot_bytes = slot_size_for(nbytes, headroom)
 
-    def acquire(self) -> Slot | None:
-        """A free slot of the current size, or ``None`` when all are in use."""
+    def acquire(self, create: bool = True) -> Slot | None:
+        """A free slot of the current size, or ``None`` when all are in use (or, with
+        ``create=False``, when none is free without making a new one)."""
         while self._free:
             slot = self.slots[self._free.pop()]
             if slot.size >= self.slot_bytes:
                 return slot
             self._retire(slot)  # too small for the batches we now see
-        if len(self.slots) < self.max_slots and self.sized:
+        if create and len(self.slots) < self.max_slots and self.sized:
             slot = Slot(self._next_id, self.slot_bytes)
             self._next_id += 1
             self.slots[slot.id] = slot
