@@ -13,7 +13,7 @@ def _calibrate() -> Any:
     from ringtrain import runtime
     from ringtrain.plan.calibrate import run_calibration_in_job
 
-    cal = run_calibration_in_job(sizes=(4096, 1 << 20, 4 << 20), iters=2, steps=3, warmup=1)
+    cal = run_calibration_in_job(sizes=(4096, 1 << 20, 4 << 20), iters=3, steps=6, warmup=1)
     return {"cal": cal, "still_up": runtime.is_initialized()}
 
 
@@ -25,5 +25,9 @@ def test_calibration_in_a_job_fits_its_links_and_predicts_its_step() -> None:
     assert [p.world for p in cal.sweep] == [2, 2, 2] and not cal.link_on_cpu
     assert cal.fit.bandwidth > 0
     check = cal.checks[0]
-    # A loose ratio (no absolute time): it catches a broken model, not machine noise.
-    assert 0.5 < check.predicted_inworld_s / check.measured_s < 2.0
+    # A loose ratio (no absolute time): it catches a broken model (compute left out, bits
+    # for bytes: 8x and more), not machine noise. Beside a busy loop on the 2-core CI
+    # machine, 3 steps and 2 sweep iterations gave 0.89-1.85 in 6 runs and once over 2.0
+    # in a fresh-clone run; with 6 steps and 3 iterations, see the stop-23 note.
+    ratio = check.predicted_inworld_s / check.measured_s
+    assert 1 / 3 < ratio < 3.0, (check.predicted_inworld_s, check.measured_s)
