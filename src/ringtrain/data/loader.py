@@ -357,7 +357,8 @@ class Loader:
 
     @property
     def fallback_batches(self) -> int:
-        """Batches that did not fit a slot and travelled as bytes (slot sizing, growth)."""
+        """Batches that had no slot that fits and travelled in a shared file of their own
+        (the first batch of each worker sizes the slots; growth)."""
         return self._feed.fallback_batches
 
     @property

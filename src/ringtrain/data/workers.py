@@ -1,12 +1,11 @@
 """Loader worker processes and the training process's handle on them.
 
 The messages (one NamedTuple each, small, over one duplex socket per worker; array
-data never crosses it except on the rare fallback path) are in
-:mod:`ringtrain.data.protocol`. A worker computes the indices of its batch itself
-from the plan, loads the samples, collates them straight into the slot and answers
-with the slot id and a spec of the fields (``Done``). ``Oversize`` carries a batch
-that did not fit its slot (or came before slots were sized) as raw bytes, so
-variable shapes still work.
+data never crosses it) are in :mod:`ringtrain.data.protocol`. A worker computes the
+indices of its batch itself from the plan, loads the samples, collates them straight
+into the slot and answers with the slot id and a spec of the fields (``Done``).
+``Oversize`` hands over a batch that did not fit its slot (or came before slots were
+sized) in a shared file of its own, so variable shapes still work.
 
 Start method: ``fork`` where available, like torch's DataLoader on Linux: start-up is
 milliseconds and the dataset is shared copy-on-write. The parent of a loader starts
