@@ -110,6 +110,45 @@ def test_order_does_not_depend_on_the_worker_count(shards: list[str]) -> None:
     assert runs[0] == runs[1] == runs[2]
 
 
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_mid_epoch_resume_at_another_world_size_reads_the_rest_once(
+        shards: list[str], drop_last: bool) -> None:
+    # 2 ranks stop after 3 batches of 16 and the job comes back with 3 ranks of 8
+    # (and then with 2 again): the epoch goes on from where the 2 ranks were, every
+    # sample read once, and the next epoch is a fresh 3-rank one.
+    ds = TarShards(shards, transform=decode_sample)
+    before, states = [], []
+    for r in range(2):
+        with _loader(ds, rank=r, world_size=2, seed=5, drop_last=drop_last) as run:
+            before += sum(_labels(run, limit=3), [])
+            states.append(run.state_dict())
+    assert states[0] == states[1] and states[0]["position"] == 48
+    after, middle, states3 = [], [], []
+    for r in range(3):
+        with _loader(ds, rank=r, world_size=3, seed=5, batch_size=8, num_workers=1,
+                     drop_last=drop_last) as resumed:
+            resumed.load_state_dict(states[0])
+            middle += sum(_labels(resumed, limit=2), [])
+            states3.append(resumed.state_dict())
+    assert states3[0]["resumed"] == [[2, 16, 48]] and states3[0]["position"] == 16
+    for r in range(2):  # the 3-rank stage resumed again, at 2 ranks
+        with _loader(ds, rank=r, world_size=2, seed=5, drop_last=drop_last) as again:
+            again.load_state_dict(states3[r])
+            after += sum(_labels(again), [])
+            assert again.epoch == 1 and again.state_dict()["resumed"] == []
+    read = before + middle + after
+    if drop_last:
+        assert len(set(read)) == len(read) and 200 - len(read) < 2 * 16 + 3 * 8 + 2 * 16
+    else:
+        assert set(read) == set(range(200)) and len(read) - 200 < 2 + 3 + 2
+    with _loader(ds, rank=0, world_size=3, seed=5, drop_last=drop_last) as fresh, \
+            _loader(ds, rank=0, world_size=3, seed=5, drop_last=drop_last) as resumed:
+        fresh.set_epoch(1)
+        resumed.load_state_dict({**states[0], "epoch": 0, "position": 10**6})  # past the end
+        assert resumed.epoch == 1 and _labels(resumed) == _labels(fresh)
+
+
 def _stream(shard: list[int]) -> Any:
     for k in shard:
         yield np.full(4, k, np.float32), k
@@ -149,8 +188,13 @@ def test_iterable_dataset_without_shards_and_bad_resumes_are_clear_errors(
     with _loader(ds, num_workers=0, world_size=2, rank=0) as run:
         _labels(run, limit=2)
         state = run.state_dict()
-    with pytest.raises(DataError, match="same world size"), _loader(ds, num_workers=0) as other:
+    with pytest.raises(DataError, match="same drop_last"), \
+            _loader(ds, num_workers=0, drop_last=True) as other:
         other.load_state_dict(state)
+    with pytest.raises(DataError, match="resumed="), _loader(ds, num_workers=0) as other:
+        other.load_state_dict({**state, "resumed": [[2, 16]]})
+    with pytest.raises(DataError, match="does not fit"), _loader(ds, num_workers=0) as other:
+        other.load_state_dict({**state, "resumed": [[2, 16, 999]]})
     with pytest.raises(DataError, match="sharded"):
         Loader(np.zeros((200, 2)), num_workers=0).load_state_dict(state)
     with pytest.raises(DataError, match="holds 40 samples"):

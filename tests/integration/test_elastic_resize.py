@@ -49,12 +49,15 @@ def test_horovod_job_shrinks_in_place_when_a_rank_dies(tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(240)
-def test_rt_elastic_job_shrinks_in_place_and_the_loader_resplits_the_epoch(tmp_path: Path) -> None:
+@pytest.mark.parametrize("sharded", [False, True], ids=["map-style", "sharded"])
+def test_rt_elastic_job_shrinks_in_place_and_the_loader_resplits_the_epoch(
+        tmp_path: Path, sharded: bool) -> None:
     marker = new_marker()
     out = tmp_path / "out.json"
     res = subprocess.run(
         [RINGRUN, "-H", "localhost:3", "--min-np", "2", "--max-np", "3", "python",
-         str(SCRIPTS / "rt_elastic_resize.py"), str(out), str(tmp_path / "ckpt")],
+         str(SCRIPTS / "rt_elastic_resize.py"), str(out), str(tmp_path / "ckpt"),
+         *(["--sharded"] if sharded else [])],
         capture_output=True, text=True, timeout=220, env=env_for(marker, RESIZE_KILL="1:10"))
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert "world 1 formed: 2 rank(s)" in res.stderr
@@ -62,7 +65,8 @@ def test_rt_elastic_job_shrinks_in_place_and_the_loader_resplits_the_epoch(tmp_p
     assert got["sizes"] == [3, 2] and got["lrs"] == [0.04] and got["size"] == 2
     _exactly_once(got["seen"], 96, 3)
     # 8 steps of epoch 0 and 2 of epoch 1 at 3 ranks, the other 72 samples of epoch 1 at 2
-    # ranks (9 steps), epoch 2 at 2 ranks (12): nothing redone, nothing skipped.
+    # ranks (9 steps), epoch 2 at 2 ranks (12): nothing redone, nothing skipped (sharded:
+    # the 3 ranks' unread 24 samples each are re-cut into 2 ranges of 36).
     assert got["steps"] == 8 + 2 + 9 + 12
     assert not list((tmp_path / "ckpt").glob("*.ckpt")), "a resize needs no checkpoint on disk"
     assert_no_orphans(marker)

@@ -346,11 +346,13 @@ class WorkerFeed:
                 task = window.next_task(prefetch)
                 if task is None:
                     break
-                fresh = len(slots.slots)
+                made = slots.created
                 slot = slots.acquire(create=new_slots is None or new_slots > 0)
                 if slot is None and (slots.sized or len(pool.owner) >= len(pool.active)):
                     break  # all slots busy (unsized: one batch per worker sizes them)
-                if new_slots is not None and len(slots.slots) > fresh:
+                # Counted by creations: acquire may retire a slot too small and make
+                # its replacement, which leaves the number of slots unchanged.
+                if new_slots is not None and slots.created > made:
                     new_slots -= 1
                 pool.submit(worker, task.seq, task.plan_id, task.plan, task.batch, slot)
                 window.sent(task)

@@ -30,7 +30,7 @@ from ringtrain import events
 from ringtrain.data.autotune import Autotuner, CpuBudget, cpu_budget, initial_workers
 from ringtrain.data.collate import fresh_alloc
 from ringtrain.data.feed import WorkerFeed
-from ringtrain.data.order import BatchIndexer, EpochPlan, ShardIndexer, ShardPlan, epoch_batches
+from ringtrain.data.order import BatchIndexer, EpochPlan, ShardIndexer, ShardPlan, Stage, epoch_batches
 from ringtrain.data.prefetch import CudaBackend, DeviceStager, StagerBackend
 from ringtrain.data.protocol import Failed
 from ringtrain.data.workers import SampleError, load_batch
@@ -76,6 +76,17 @@ def _describer(loader_ref: weakref.ref) -> Callable[[int], str]:
         loader = loader_ref()
         return loader._describe(k) if loader is not None else f"batch {k}"
     return describe
+
+
+def _stages(saved: Any) -> tuple[Stage, ...]:
+    """The ``resumed`` stages of a loader state, checked for shape (ShardPlan checks sizes)."""
+    try:
+        stages = tuple((int(w), int(b), int(c)) for w, b, c in saved)
+    except (TypeError, ValueError):
+        raise DataError(f"loader state has resumed={saved!r}, not a list of [world_size, "
+                        "batch_size, position]; resume from a state Loader.state_dict() "
+                        "wrote") from None
+    return stages
 
 
 def _check_kind(dataset: Any) -> bool:
@@ -223,6 +234,10 @@ class Loader:
         # -- epoch state --------------------------------------------------------------------
         self._epoch = 0
         self._start = 0  # global position the next iteration of this epoch starts at
+        self._resumed: tuple[Stage, ...] = ()  # a sharded epoch's stages before _start's
+        # The world size _start counts in (a sharded position is per rank), None at an
+        # epoch's start (any world); it differs after the job changed size mid-epoch.
+        self._start_world: int | None = None
         self._plan: EpochPlan | ShardPlan | None = None
         self._gen = 0
         self._active = False
@@ -243,7 +258,7 @@ class Loader:
     def __len__(self) -> int:
         """Batches per full epoch on this rank (the same on every rank)."""
         if self._sharded:
-            return self._make_plan(0, 0).num_batches
+            return self._make_plan(0, 0, ()).num_batches
         _, world = self._shard()
         return epoch_batches(len(self.dataset), self.batch_size, world, self.drop_last)
 
@@ -252,7 +267,7 @@ class Loader:
         if not isinstance(epoch, int) or epoch < 0:
             raise DataError(f"epoch must be an int >= 0, got {epoch!r}")
         if epoch != self._epoch:
-            self._epoch, self._start = epoch, 0
+            self._epoch, self._start, self._resumed, self._start_world = epoch, 0, (), None
             self._plan = None
 
     @property
@@ -263,7 +278,9 @@ class Loader:
         if self._active:
             self._abandon()
         self._check_dataset()
-        plan = self._make_plan(self._epoch, self._start)
+        if self._sharded and self._start_world not in (None, self._shard()[1]):
+            self.load_state_dict(self.state_dict())  # re-cut the rest for this world size
+        plan = self._make_plan(self._epoch, self._start, self._resumed)
         if plan.num_batches == 0 and plan.start == 0:
             raise DataError(
                 f"{plan.num_samples} samples give no batch of {self.batch_size} on each of "
@@ -279,17 +296,19 @@ class Loader:
             self._feed.start(self.num_workers)
             # The epoch after this one, as it will be unless set_epoch/load_state_dict
             # say otherwise: its first batches load while this epoch ends.
-            self._feed.begin(plan, self._make_plan(self._epoch + 1, 0))
+            self._feed.begin(plan, self._make_plan(self._epoch + 1, 0, ()))
         return _EpochIterator(self, self._gen)
 
     def state_dict(self) -> dict[str, Any]:
         """Where the loop stands: resume with :meth:`load_state_dict`, no replay."""
         if self._active and self._plan is not None:
             epoch, position = self._plan.epoch, self._plan.position_after(self._yielded)
+            resumed = self._plan.resumed if isinstance(self._plan, ShardPlan) else ()
+            world = self._plan.world_size
         else:
-            epoch, position = self._epoch, self._start
-        epoch, position = self._normalise(epoch, position)
-        _, world = self._shard()
+            epoch, position, resumed = self._epoch, self._start, self._resumed
+            world = self._start_world or self._shard()[1]
+        epoch, position, resumed = self._normalise(epoch, position, resumed, world)
         state: dict[str, Any] = {
             "version": _STATE_VERSION, "epoch": epoch, "position": position, "seed": self.seed,
             "shuffle": self.shuffle, "num_samples": len(self.dataset),
@@ -298,14 +317,17 @@ class Loader:
             # position: samples this rank has consumed of its range (see ShardPlan)
             state["layout"] = "shards"
             state["num_shards"] = len(self._shard_sizes())
+            state["resumed"] = [list(stage) for stage in resumed]
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue exactly after the last batch the saved loop received.
 
-        For a map-style dataset the batch size and world size may differ from the saved
-        run: the rest of the epoch is re-sharded from the saved global position. A
-        sharded dataset resumes mid-epoch with the same world size.
+        The batch size and world size may differ from the saved run. For a map-style
+        dataset the rest of the epoch is re-sharded from the saved global position; for
+        a sharded one, what each saved rank had left of its range is cut into equal
+        ranges for the new ranks (see :class:`ringtrain.data.order.ShardPlan`): every
+        sample of the epoch is still read once.
         """
         if not isinstance(state, dict) or state.get("version") != _STATE_VERSION:
             raise DataError(f"not a Loader state (version {_STATE_VERSION} expected): {state!r}")
@@ -314,14 +336,19 @@ class Loader:
             if state.get(key) != mine:
                 raise DataError(f"loader state was saved with {key}={state.get(key)!r} but this "
                                 f"loader has {key}={mine!r}; resume with the same dataset and seed")
+        epoch, position = int(state["epoch"]), int(state["position"])
+        resumed: tuple[Stage, ...] = ()
         if self._sharded:
-            self._check_shard_state(state)
+            epoch, resumed, position = self._shard_resume(state)
         elif state.get("layout", "samples") != "samples":
             raise DataError(f"loader state is for a sharded dataset (layout "
                             f"{state.get('layout')!r}) but this loader reads a map-style one")
         if self._active:
             self._abandon()
-        self._epoch, self._start = self._normalise(int(state["epoch"]), int(state["position"]))
+        self._epoch, self._start, self._resumed = self._normalise(epoch, position, resumed)
+        # A resizable job may restore before its world re-forms: pin the world size this
+        # position counts in, so the next iteration (or state_dict) re-cuts it if it changed.
+        self._start_world = self._shard()[1]
         self._plan = None
 
     def close(self) -> None:
@@ -395,17 +422,21 @@ class Loader:
     def _shard_sizes(self) -> tuple[int, ...]:
         return tuple(int(n) for n in self.dataset.shard_sizes)
 
-    def _make_plan(self, epoch: int, start: int) -> EpochPlan | ShardPlan:
-        """The order of ``epoch`` from ``start`` on, for this rank."""
+    def _make_plan(self, epoch: int, start: int,
+                   resumed: tuple[Stage, ...]) -> EpochPlan | ShardPlan:
+        """The order of ``epoch`` from ``start`` on (after stages ``resumed``), for this rank."""
         rank, world = self._shard()
         if self._sharded:
             return ShardPlan(self._shard_sizes(), self.batch_size, world, rank, self.shuffle,
                              self.seed, epoch, self.drop_last, start=start,
-                             shuffle_within=bool(getattr(self.dataset, "random_access", True)))
+                             shuffle_within=bool(getattr(self.dataset, "random_access", True)),
+                             resumed=resumed)
         return EpochPlan(len(self.dataset), self.batch_size, world, rank, self.shuffle,
                          self.seed, epoch, self.drop_last, start=start)
 
-    def _check_shard_state(self, state: dict[str, Any]) -> None:
+    def _shard_resume(self, state: dict[str, Any]) -> tuple[int, tuple[Stage, ...], int]:
+        """(epoch, earlier stages, position in the last) to resume a sharded epoch from
+        ``state``."""
         _, world = self._shard()
         if state.get("layout") != "shards":
             raise DataError("loader state is for a map-style dataset but this loader reads a "
@@ -414,26 +445,39 @@ class Loader:
             raise DataError(f"loader state was saved with {state.get('num_shards')} shards but "
                             f"this dataset has {len(self._shard_sizes())}; resume with the same "
                             "shards")
-        changed = [f"{key} {state.get(key)} -> {mine}" for key, mine in (
-            ("world_size", world), ("batch_size", self.batch_size)) if state.get(key) != mine
-            and (key == "world_size" or self.drop_last)]
-        if changed:
-            raise DataError("a sharded dataset resumes mid-epoch with the same world size "
-                            f"(and batch size with drop_last): {', '.join(changed)}; resume at "
-                            "an epoch boundary (set_epoch) to change them")
+        resumed = _stages(state.get("resumed", []))
+        epoch, position = int(state["epoch"]), int(state["position"])
+        if position == 0 and not resumed:
+            return epoch, (), 0  # an epoch boundary: any world size, any batch size
+        if state.get("drop_last") != self.drop_last:
+            raise DataError(f"loader state was saved mid-epoch with drop_last="
+                            f"{state.get('drop_last')!r} but this loader has drop_last="
+                            f"{self.drop_last!r}; resume with the same drop_last")
+        saved_world, saved_batch = int(state["world_size"]), int(state["batch_size"])
+        if saved_world == world and (saved_batch == self.batch_size or not self.drop_last):
+            return epoch, resumed, position  # the same ranges: go on inside them
+        saved = ShardPlan(self._shard_sizes(), saved_batch, saved_world, 0,
+                          drop_last=self.drop_last, resumed=resumed)
+        if position >= saved.range_len:
+            return epoch + 1, (), 0  # the saved ranks had finished the epoch
+        # Another world size (or batch size with drop_last): what the saved ranks had
+        # left becomes the stream of a new stage of this epoch.
+        return epoch, (*resumed, (saved_world, saved_batch, position)), 0
 
-    def _normalise(self, epoch: int, position: int) -> tuple[int, int]:
+    def _normalise(self, epoch: int, position: int, resumed: tuple[Stage, ...] = (),
+                   world: int | None = None) -> tuple[int, int, tuple[Stage, ...]]:
+        """(epoch, position, stages), moved to the next epoch's start where this one is
+        done; ``position`` counts in ``world`` ranks (default: the current world)."""
+        world = world or self._shard()[1]
         if self._sharded:
-            rank, world = self._shard()
-            full = ShardPlan(self._shard_sizes(), self.batch_size, world, rank,
-                             drop_last=self.drop_last)
-            return (epoch + 1, 0) if position >= full.range_len else (epoch, position)
+            full = ShardPlan(self._shard_sizes(), self.batch_size, world, 0,
+                             drop_last=self.drop_last, resumed=resumed)
+            return (epoch + 1, 0, ()) if position >= full.range_len else (epoch, position, resumed)
         n = len(self.dataset)
-        _, world = self._shard()
         left = n - position
         per_rank = left // world if self.drop_last else -(-left // world)
         batches = per_rank // self.batch_size if self.drop_last else -(-per_rank // self.batch_size)
-        return (epoch + 1, 0) if position >= n or batches <= 0 else (epoch, position)
+        return (epoch + 1, 0, ()) if position >= n or batches <= 0 else (epoch, position, ())
 
     def _describe(self, k: int) -> str:
         plan = self._plan
@@ -462,7 +506,8 @@ class Loader:
         assert plan is not None
         if self._yielded >= plan.num_batches:
             self._active = False
-            self._epoch, self._start = plan.epoch + 1, 0
+            self._epoch, self._start, self._resumed = plan.epoch + 1, 0, ()
+            self._start_world = None
             raise StopIteration
         t0 = time.perf_counter()
         try:
@@ -479,8 +524,10 @@ class Loader:
             # the batches before it were trained on already.
             self._gen += 1
             self._active = False
-            self._epoch, self._start = self._normalise(plan.epoch,
-                                                       plan.position_after(self._yielded))
+            self._epoch, self._start, self._resumed = self._normalise(
+                plan.epoch, plan.position_after(self._yielded),
+                plan.resumed if isinstance(plan, ShardPlan) else (), plan.world_size)
+            self._start_world = plan.world_size
             self._feed.fail()
             raise
         t1 = time.perf_counter()

@@ -33,7 +33,7 @@ import numpy as np
 from ringtrain.errors import DataError
 
 __all__ = ["FeistelPermutation", "EpochPlan", "BatchIndexer", "ShardPlan", "ShardIndexer",
-           "epoch_batches", "batch_seed"]
+           "Stage", "epoch_batches", "batch_seed"]
 
 _M64 = np.uint64(0xFFFFFFFFFFFFFFFF)
 _C1 = np.uint64(0xBF58476D1CE4E5B9)  # splitmix64 finaliser constants (Steele et al. 2014)
@@ -230,6 +230,10 @@ def batch_seed(seed: int, epoch: int, rank: int, position: int) -> int:
 
 
 # ---- sharded datasets ----------------------------------------------------------------
+Stage = tuple[int, int, int]
+"""An earlier stage of a resumed epoch: (world size, batch size, samples each rank consumed)."""
+
+
 @dataclass(frozen=True)
 class ShardPlan:
     """The order of one epoch of a sharded dataset (or of its rest, from ``start``).
@@ -252,7 +256,15 @@ class ShardPlan:
 
     Every rank gets the same number of batches. ``start`` counts the samples each rank
     has consumed of its range, so "k batches done" is ``start = k * batch_size``: a
-    resume needs the same world size, and continues inside a shard by sample count.
+    resume at the same world size continues inside a shard by sample count.
+
+    A resume at another world size (or batch size, with ``drop_last``) starts a new
+    *stage* of the same epoch: ``resumed`` lists the earlier stages as ``(world_size,
+    batch_size, samples each rank consumed)``. What a stage's ranks had not consumed
+    (each rank's range from its position on, padding left out) is, in rank order, the
+    next stage's stream, cut into equal contiguous ranges again. So every sample of the
+    epoch is still read once (padding aside), each rank still reads runs of a few
+    shards, and a stage can itself be resumed at yet another world size.
     """
 
     shard_sizes: tuple[int, ...]
@@ -265,7 +277,9 @@ class ShardPlan:
     drop_last: bool = False
     start: int = 0
     shuffle_within: bool = True  # False for shards that can only be read in order
+    resumed: tuple[Stage, ...] = ()
     _n: int = field(init=False, repr=False, compare=False, default=0)
+    _stream_n: int = field(init=False, repr=False, compare=False, default=0)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_n", int(sum(self.shard_sizes)))
@@ -279,6 +293,10 @@ class ShardPlan:
                             "pass 0 <= rank < world_size")
         if self.seed < 0 or self.epoch < 0:
             raise DataError(f"seed and epoch must be >= 0, got seed={self.seed} epoch={self.epoch}")
+        n = self._n
+        for stage in self.resumed:
+            n = _stage_rest(n, stage, self.drop_last)[2]
+        object.__setattr__(self, "_stream_n", n)
         if not 0 <= self.start <= self.range_len:
             raise DataError(f"start {self.start} is outside this rank's range of "
                             f"{self.range_len} samples")
@@ -289,10 +307,14 @@ class ShardPlan:
         return self._n
 
     @property
+    def stream_len(self) -> int:
+        """Samples in this stage's stream: the epoch's, or what earlier stages left."""
+        return self._stream_n
+
+    @property
     def range_len(self) -> int:
-        """Stream positions each rank owns in a full epoch (padding included)."""
-        n, w, b = self.num_samples, self.world_size, self.batch_size
-        return (n // w) // b * b if self.drop_last else -(-n // w)
+        """Stream positions each rank owns in this stage (padding included)."""
+        return _range_len(self.stream_len, self.world_size, self.batch_size, self.drop_last)
 
     @property
     def per_rank(self) -> int:
@@ -322,7 +344,35 @@ class ShardPlan:
         return ShardIndexer(self)
 
     def batch_seed(self, batch: int) -> int:
-        return batch_seed(self.seed, self.epoch, self.rank, self.start + batch * self.batch_size)
+        # The stage count keeps a resumed stage's seeds apart from the first stage's.
+        return batch_seed(self.seed, self.epoch, self.rank + (len(self.resumed) << 16),
+                          self.start + batch * self.batch_size)
+
+
+def _range_len(n: int, world: int, batch: int, drop_last: bool) -> int:
+    return (n // world) // batch * batch if drop_last else -(-n // world)
+
+
+def _stage_rest(n: int, stage: Stage, drop_last: bool) -> tuple[np.ndarray, np.ndarray, int]:
+    """What a stage over a stream of ``n`` left unread: (run starts, cumulative run
+    lengths from 0, total). Runs are each rank's range from its position on, in rank
+    order, cut at ``n`` (positions past it are padding, repeats of rank 0's first ones)."""
+    world, batch, done = (int(v) for v in stage)
+    if world <= 0 or batch <= 0:
+        raise DataError(f"a resumed stage needs world_size and batch_size >= 1, got {stage}")
+    length = _range_len(n, world, batch, drop_last)
+    if not 0 <= done <= length:
+        raise DataError(f"a resumed stage consumed {done} samples per rank of ranges of "
+                        f"{length}; the loader state does not fit this dataset")
+    starts = np.arange(world, dtype=np.int64) * length
+    lo = starts + done
+    size = np.maximum(np.minimum(starts + length, n) - lo, 0)
+    lo, size = lo[size > 0], size[size > 0]
+    cum = np.concatenate([np.zeros(1, np.int64), np.cumsum(size)])
+    if cum[-1] == 0:
+        raise DataError(f"a resumed stage {stage} left nothing of the epoch; resume at the "
+                        "next epoch instead")
+    return lo, cum, int(cum[-1])
 
 
 class ShardIndexer:
@@ -341,6 +391,12 @@ class ShardIndexer:
         self._stream = np.concatenate([[0], np.cumsum(ordered)])  # epoch order
         self._range0 = plan.rank * plan.range_len + plan.start
         self._perms: dict[int, FeistelPermutation] = {}
+        # Each earlier stage maps a position of the stream after it into its own.
+        self._stages: list[tuple[np.ndarray, np.ndarray]] = []
+        n = plan.num_samples
+        for stage in plan.resumed:
+            lo, cum, n = _stage_rest(n, stage, plan.drop_last)
+            self._stages.append((lo, cum))
 
     def _perm(self, shard: int) -> FeistelPermutation:
         perm = self._perms.get(shard)
@@ -354,12 +410,16 @@ class ShardIndexer:
         return perm
 
     def positions(self, batch: int) -> np.ndarray:
-        """Stream positions (after wrap-around) of batch ``batch``."""
+        """Positions in the epoch's stream (after wrap-around) of batch ``batch``."""
         plan = self.plan
         if not 0 <= batch < plan.num_batches:
             raise IndexError(f"batch {batch} outside [0, {plan.num_batches})")
         lo = self._range0 + batch * plan.batch_size
-        return np.arange(lo, lo + plan.batch_len(batch), dtype=np.int64) % plan.num_samples
+        pos = np.arange(lo, lo + plan.batch_len(batch), dtype=np.int64) % plan.stream_len
+        for starts, cum in reversed(self._stages):
+            j = np.searchsorted(cum, pos, side="right") - 1
+            pos = starts[j] + (pos - cum[j])
+        return pos
 
     def locate(self, batch: int) -> tuple[np.ndarray, np.ndarray]:
         """(shard ids, sample numbers within the shard) of batch ``batch``."""

@@ -112,6 +112,7 @@ class SlotPool:
         self.slots: dict[int, Slot] = {}
         self._free: list[int] = []
         self._next_id = 0
+        self.created = 0  # slots made so far (retiring one does not lower it)
         self._on_create = on_create
         self._on_retire = on_retire
         self.retired: list[int] = []  # ids workers should unmap (drained by the pool)
@@ -141,6 +142,7 @@ class SlotPool:
         if create and len(self.slots) < self.max_slots and self.sized:
             slot = Slot(self._next_id, self.slot_bytes)
             self._next_id += 1
+            self.created += 1
             self.slots[slot.id] = slot
             if self._on_create is not None:
                 self._on_create(slot)

@@ -1,12 +1,14 @@
 """A ringtrain-native resizable script: ``rt.elastic.run`` with a ``Resumable`` over a
 model, a ``DistributedOptimizer`` and an ``rt.data.Loader``.
 
-``python rt_elastic_resize.py OUT CKPT_DIR [--epochs E]``; ``RESIZE_KILL=RANK:STEP``
+``python rt_elastic_resize.py OUT CKPT_DIR [--epochs E] [--sharded]``; ``RESIZE_KILL=RANK:STEP``
 makes that rank of the first world SIGKILL itself before that step. 96 samples in
 batches of 4: with 3 or 2 ranks the rest of an epoch is never padded, so every sample
 of every epoch must be trained on exactly once. Rank 0 writes OUT (JSON): each epoch's
 processed ids (gathered every step, committed with the state), the sizes it ran at and
-the learning rates the reset callback set.
+the learning rates the reset callback set. ``--sharded`` reads the same samples as a
+sharded dataset (7 uneven shards), so the loader splits shards across ranks and the rest
+of an epoch is re-cut for the smaller world (a new stage, see ShardPlan).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ parser = argparse.ArgumentParser()
 parser.add_argument("out")
 parser.add_argument("ckpt")
 parser.add_argument("--epochs", type=int, default=3)
+parser.add_argument("--sharded", action="store_true")
 args = parser.parse_args()
 kill_rank, _, kill_step = os.environ.get("RESIZE_KILL", "-1:-1").partition(":")
 BASE_LR = 0.02
@@ -35,6 +38,10 @@ torch.manual_seed(0)
 data = torch.randn(96, 5)
 target = data @ torch.arange(5.0) + 1.0
 dataset = torch.utils.data.TensorDataset(torch.arange(96), data, target)
+if args.sharded:
+    bounds = [0, 20, 23, 41, 60, 64, 83, 96]
+    dataset = rt.data.StreamShards([range(a, b) for a, b in zip(bounds, bounds[1:], strict=False)],
+                                   lambda ids: ((i, data[i], target[i]) for i in ids))
 model = torch.nn.Linear(5, 1)
 opt = rt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=BASE_LR * rt.size()),
                               named_parameters=model.named_parameters())

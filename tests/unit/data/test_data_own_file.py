@@ -58,3 +58,19 @@ def test_acquire_without_create_hands_out_only_free_slots() -> None:
     again = pool.acquire(create=False)
     assert again is not None and again.id == first.id and len(pool.slots) == 1
     pool.close()
+
+
+def test_created_counts_a_replacement_for_a_slot_too_small() -> None:
+    # The feed limits how many slots one dispatch may make by this count: a slot that
+    # grew (retired, then made again at the new size) is a slot made.
+    pool = SlotPool(2)
+    pool.fit(4096, headroom=0.0)
+    small = pool.acquire()
+    assert small is not None and pool.created == 1
+    pool.release(small.id)
+    pool.fit(1 << 20, headroom=0.0)  # batches got bigger
+    big = pool.acquire()
+    assert big is not None and big.id != small.id and big.size >= 1 << 20
+    assert len(pool.slots) == 1 and pool.created == 2 and pool.retired == [small.id]
+    assert pool.acquire(create=False) is None  # the small one is gone, not handed out
+    pool.close()

@@ -1,4 +1,5 @@
-"""ShardPlan: shards split across ranks by sample count, deterministic, resumable."""
+"""ShardPlan: shards split across ranks by sample count, deterministic, resumable (also at
+another world size)."""
 
 from __future__ import annotations
 
@@ -101,6 +102,71 @@ def test_resume_from_a_sample_count_continues_exactly(done: int, drop_last: bool
             [full.batch_seed(k) for k in range(done, full.num_batches)]
 
 
+def _run(sizes: tuple[int, ...], world: int, batch: int, drop_last: bool, batches: int | None,
+         resumed: tuple[tuple[int, int, int], ...] = ()) -> tuple[list[int], int]:
+    """(dataset indices every rank reads in its first ``batches`` batches or all of
+    them, samples each rank consumed) of one stage of epoch 2."""
+    read, position = [], 0
+    for r in range(world):
+        plan = ShardPlan(sizes, batch, world, r, seed=9, epoch=2, drop_last=drop_last,
+                         resumed=resumed)
+        ix, k = plan.indexer(), plan.num_batches if batches is None else batches
+        read += [i for b in range(min(k, plan.num_batches)) for i in ix(b).tolist()]
+        position = plan.position_after(k)
+    return read, position
+
+
+@pytest.mark.parametrize("name", ["uneven", "even", "fewer shards than ranks"])
+@pytest.mark.parametrize(("world", "batch", "new_world", "new_batch"),
+                         [(2, 4, 3, 4), (3, 4, 2, 4), (4, 3, 1, 5), (1, 4, 4, 2), (2, 3, 2, 5)])
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_resume_at_another_world_size_reads_the_rest_once(
+        name: str, world: int, batch: int, new_world: int, new_batch: int,
+        drop_last: bool) -> None:
+    sizes = SIZES[name]
+    n = sum(sizes)
+    first = ShardPlan(sizes, batch, world, 0, drop_last=drop_last)
+    for done in sorted({1, first.num_batches // 2, first.num_batches - 1} - {0}):
+        before, position = _run(sizes, world, batch, drop_last, done)
+        stage = ((world, batch, position),)
+        plans = [ShardPlan(sizes, new_batch, new_world, r, seed=9, epoch=2,
+                           drop_last=drop_last, resumed=stage) for r in range(new_world)]
+        assert len({p.num_batches for p in plans}) == 1  # every new rank as many batches
+        after, _ = _run(sizes, new_world, new_batch, drop_last, None, stage)
+        if drop_last:
+            assert len(set(before + after)) == len(before + after)  # never a sample twice
+            # dropped: the tail of the first stage's stream and of the second's
+            assert n - len(before + after) < world * batch + new_world * new_batch
+        else:
+            assert set(before + after) == set(range(n))  # every sample of the epoch ...
+            assert len(before + after) - n < world + new_world  # ... padding aside
+
+
+def test_a_resumed_stage_keeps_ranks_on_few_shards_and_resumes_again() -> None:
+    sizes = tuple([50] * 12)  # 12 shards, 600 samples
+    before, position = _run(sizes, 2, 8, False, 10)
+    stage1 = ((2, 8, position),)
+    for r in range(3):
+        plan = ShardPlan(sizes, 8, 3, r, seed=9, epoch=2, resumed=stage1)
+        ix = plan.indexer()
+        touched = {shard_of(sizes, i) for b in range(plan.num_batches) for i in ix(b).tolist()}
+        assert len(touched) <= 12 // 3 + 3  # its share, plus the ends of the runs it joins
+    # that stage resumed again, at a third world size, and its rest at the same one
+    middle, position2 = _run(sizes, 3, 8, False, 4, stage1)
+    stage2 = (*stage1, (3, 8, position2))
+    last, _ = _run(sizes, 4, 6, False, None, stage2)
+    assert set(before + middle + last) == set(range(600))
+    assert len(before + middle + last) - 600 < 2 + 3 + 4
+    rest = [ShardPlan(sizes, 6, 4, r, seed=9, epoch=2, resumed=stage2, start=12)
+            for r in range(4)]
+    full = [ShardPlan(sizes, 6, 4, r, seed=9, epoch=2, resumed=stage2) for r in range(4)]
+    for a, b in zip(full, rest, strict=True):  # the same world size: by sample count
+        assert [b.indexer()(k).tolist() for k in range(b.num_batches)] == \
+            [a.indexer()(k).tolist() for k in range(2, a.num_batches)]
+    # a resumed stage's augmentation seeds are its own, not the first stage's again
+    assert full[0].batch_seed(0) != ShardPlan(sizes, 6, 4, 0, seed=9, epoch=2).batch_seed(0)
+
+
 def test_bad_plans_are_clear_errors() -> None:
     with pytest.raises(DataError, match="shards with samples"):
         ShardPlan((0, 0), 4)
@@ -108,3 +174,7 @@ def test_bad_plans_are_clear_errors() -> None:
         ShardPlan((4,), 4, world_size=2, rank=2)
     with pytest.raises(DataError, match="range"):
         ShardPlan((4,), 2, start=5)
+    with pytest.raises(DataError, match="consumed 99 samples"):
+        ShardPlan((10, 10), 2, resumed=((2, 2, 99),))
+    with pytest.raises(DataError, match="left nothing"):
+        ShardPlan((10, 10), 2, resumed=((2, 2, 10),))
