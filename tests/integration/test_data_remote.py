@@ -204,3 +204,93 @@ def test_the_claim_of_a_worker_that_died_mid_download_is_void(served: Any) -> No
     ds = TarShards(urls, sizes=[30, 25, 40, 35, 20, 50], transform=decode_sample, cache=cache)
     assert int(ds[0][1]) == 0  # downloads instead of waiting forever
     assert not stale.exists()
+
+
+def _parquet_files(directory: Path) -> list[Path]:
+    """Two Parquet files of ~1 MiB each (3 and 2 row groups); column y is the row number."""
+    pa = pytest.importorskip("pyarrow", reason="needs the formats extra")
+    import numpy as np
+    import pyarrow.parquet as pq
+
+    directory.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(0)
+    paths = []
+    for f, (lo, hi, group) in enumerate(((0, 300, 100), (300, 500, 100))):
+        n = hi - lo
+        table = pa.table({
+            "y": pa.array(np.arange(lo, hi, dtype=np.int64)),
+            "blob": pa.array([rng.bytes(4096) for _ in range(n)], type=pa.binary())})
+        paths.append(directory / f"part-{f}.parquet")
+        pq.write_table(table, paths[-1], row_group_size=group, compression="none")
+    return paths
+
+
+class _RangeServer:
+    """An HTTP server in a thread that answers ``Range`` requests (when ``ranges``) and
+    counts the body bytes it sent per file."""
+
+    def __init__(self, root: Path, ranges: bool) -> None:
+        self.sent: dict[str, int] = {}
+        sent, lock = self.sent, threading.Lock()
+
+        class Handler(SimpleHTTPRequestHandler):
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def _body(self, head: bool) -> None:
+                name = self.path.rsplit("/", 1)[-1]
+                data = (root / name).read_bytes()
+                want = self.headers.get("Range") if ranges else None
+                if want is not None:
+                    a, b = (int(v) for v in want.removeprefix("bytes=").split("-"))
+                    data = data[a:b + 1]
+                    self.send_response(206)
+                else:
+                    self.send_response(200)
+                if ranges:
+                    self.send_header("Accept-Ranges", "bytes")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                if not head:
+                    with lock:  # before the write: the client may go on as soon as it has it
+                        sent[name] = sent.get(name, 0) + len(data)
+                    self.wfile.write(data)
+
+            def do_GET(self) -> None:  # noqa: N802 - http.server's name
+                self._body(head=False)
+
+            def do_HEAD(self) -> None:  # noqa: N802
+                self._body(head=True)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("ranges", [True, False], ids=["ranges", "no-ranges"])
+def test_remote_parquet_counts_rows_from_the_footer_alone(tmp_path: Path, ranges: bool) -> None:
+    from ringtrain.data import ParquetDataset
+
+    paths = _parquet_files(tmp_path / "remote")
+    server = _RangeServer(tmp_path / "remote", ranges)
+    try:
+        urls = [f"{server.url}/{p.name}" for p in paths]
+        cache = ShardCache(tmp_path / "cache", max_bytes=64 << 20)
+        ds = ParquetDataset(urls, cache=cache)
+        assert ds.shard_sizes == (100, 100, 100, 100, 100)
+        if ranges:  # the footers only: nothing downloaded, a small part of each file sent
+            assert cache.downloads == 0 and cache.cached_bytes() == 0
+            for p in paths:
+                assert 0 < server.sent[p.name] < p.stat().st_size // 8, server.sent
+        else:  # a server without ranges: each file downloaded once, then read locally
+            assert cache.downloads == 2
+        with Loader(ds, batch_size=50, num_workers=0, device="cpu", seed=2) as loader:
+            ys = sorted(int(v) for batch in loader for v in batch["y"])
+        assert ys == list(range(500)) and cache.downloads == 2  # read: downloaded once each
+    finally:
+        server.close()

@@ -8,7 +8,10 @@ columns become numpy scalars, fixed-size lists of numbers become numpy rows (zer
 copy from Arrow's buffers), anything else the Python value (``bytes`` for binary).
 
 ``pyarrow`` is optional (``pip install 'ringtrain[formats]'``); it is imported when a
-``ParquetDataset`` is made. Files by URL are read through a :class:`ShardCache`.
+``ParquetDataset`` is made. Files by URL are read through a :class:`ShardCache`: making
+the dataset reads only each file's footer (its row counts), by range requests where the
+server takes them, and a worker downloads a file when it first reads one of its row
+groups.
 """
 
 from __future__ import annotations
@@ -69,7 +72,9 @@ class ParquetDataset(Shards):
         names, sizes = [], []
         for f, path in enumerate(self.paths):
             try:
-                meta = pq.ParquetFile(self.cache.path(path)).metadata
+                # The footer only: a remote file is not downloaded to count its rows.
+                with self.cache.open_ranges(path) as src:
+                    meta = pq.ParquetFile(src).metadata
             except (OSError, ValueError) as err:
                 raise DataError(f"cannot read Parquet file {path}: {err}") from None
             for g in range(meta.num_row_groups):

@@ -19,12 +19,18 @@ worker's download instead of fetching it again.
 A failed download (connection error, HTTP error, truncated body) is retried
 ``attempts`` times with exponential back-off, then raised as a ``DataError`` that
 names the shard.
+
+:meth:`ShardCache.open_ranges` reads parts of a remote file without downloading it
+(HTTP ``Range`` requests, or fsspec's random-access files), so a Parquet footer can be
+read for its row counts; a server that ignores ``Range`` gets the whole file downloaded
+into the cache instead.
 """
 
 from __future__ import annotations
 
 import fcntl
 import hashlib
+import io
 import os
 import shutil
 import tempfile
@@ -85,9 +91,8 @@ class ShardCache:
         if not is_remote(name):
             return _local(name)
         self.directory.mkdir(parents=True, exist_ok=True)
-        digest = hashlib.sha1(name.encode()).hexdigest()[:16]
-        base = name.rstrip("/").rsplit("/", 1)[-1][-80:] or "shard"
-        target = self.directory / f"{digest}-{base}"
+        target = self._target(name)
+        digest = target.name.split("-", 1)[0]
         with open(self.directory / f".{digest}.lock", "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)  # one download per shard per host
             if target.exists():
@@ -95,6 +100,33 @@ class ShardCache:
                 return target
             self._download(name, target)
         return target
+
+    def open_ranges(self, name: str) -> Any:
+        """A seekable binary file over ``name`` that reads only the bytes asked for:
+        a local file, an fsspec file, or HTTP ``Range`` requests. A cached copy is used
+        where there is one; a server that ignores ``Range`` (or announces no size) gets
+        the file downloaded into the cache. Close it after use."""
+        if not is_remote(name):
+            return open(_local(name), "rb")
+        cached = self._target(name)
+        if cached.exists():
+            return open(cached, "rb")
+        if name.startswith(("http://", "https://")):
+            try:
+                return io.BufferedReader(_HttpRanges(name, self.timeout_s), 1 << 16)
+            except _NoRanges:
+                return open(self.path(name), "rb")
+            except (OSError, HTTPException, ValueError) as err:
+                raise DataError(f"could not read {name}: {_reason(err)}") from None
+        try:
+            import fsspec  # type: ignore[import-untyped]
+        except ImportError:
+            raise DataError(f"{name}: reading {name.split('://')[0]}:// URLs needs fsspec "
+                            "(pip install fsspec and the scheme's package, e.g. s3fs)") from None
+        try:
+            return fsspec.open(name, "rb").open()
+        except (OSError, ValueError) as err:
+            raise DataError(f"could not read {name}: {_reason(err)}") from None
 
     def cached_bytes(self) -> int:
         """Bytes of the shards in the cache now."""
@@ -107,6 +139,11 @@ class ShardCache:
         return total
 
     # ---- internals -------------------------------------------------------------------
+    def _target(self, name: str) -> Path:
+        digest = hashlib.sha1(name.encode()).hexdigest()[:16]
+        base = name.rstrip("/").rsplit("/", 1)[-1][-80:] or "shard"
+        return self.directory / f"{digest}-{base}"
+
     def _entries(self) -> list[Path]:
         try:
             names = os.listdir(self.directory)
@@ -216,6 +253,56 @@ class ShardCache:
             raise OSError(f"the transfer stopped after {got} of {expected} bytes")
         with self._locked():  # the claim becomes the shard in one rename
             os.replace(part, target)
+
+
+class _NoRanges(Exception):
+    """The server does not announce ``Accept-Ranges: bytes`` and a size."""
+
+
+class _HttpRanges(io.RawIOBase):
+    """A read-only, seekable file over an HTTP URL: each read is one ``Range`` request."""
+
+    def __init__(self, url: str, timeout_s: float) -> None:
+        super().__init__()
+        self.url, self.timeout_s, self.pos = url, timeout_s, 0
+        head = urllib.request.Request(url, method="HEAD")
+        with urllib.request.urlopen(head, timeout=timeout_s) as resp:
+            length = resp.headers.get("Content-Length")
+            ranges = resp.headers.get("Accept-Ranges", "")
+        if length is None or ranges.strip().lower() != "bytes":
+            raise _NoRanges(url)
+        self.size = int(length)
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self.pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self.pos, io.SEEK_END: self.size}[whence]
+        self.pos = max(0, base + offset)
+        return self.pos
+
+    def readinto(self, buf: Any) -> int:
+        want = min(len(buf), self.size - self.pos)
+        if want <= 0:
+            return 0
+        req = urllib.request.Request(
+            self.url, headers={"Range": f"bytes={self.pos}-{self.pos + want - 1}"})
+        with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
+            if resp.status == 206:
+                data = resp.read(want)
+            else:  # the whole body after all: skip to the range (correct, if slow)
+                data = resp.read(self.pos + want)[self.pos:]
+        if len(data) != want:
+            raise OSError(f"a range read of {self.url} returned {len(data)} of {want} bytes")
+        buf[:want] = data
+        self.pos += want
+        return want
 
 
 def _alive(part_name: str) -> bool:
