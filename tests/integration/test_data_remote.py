@@ -294,3 +294,65 @@ def test_remote_parquet_counts_rows_from_the_footer_alone(tmp_path: Path, ranges
         assert ys == list(range(500)) and cache.downloads == 2  # read: downloaded once each
     finally:
         server.close()
+
+
+def _serve_logged(root: str, log: str, conn: Any) -> None:
+    """An HTTP server for ``root`` that appends ``<monotonic time> <name>`` to ``log``
+    when a GET arrives (CLOCK_MONOTONIC is one clock for every process of the host)."""
+
+    class Handler(SimpleHTTPRequestHandler):
+        def __init__(self, *a: Any, **kw: Any) -> None:
+            super().__init__(*a, directory=root, **kw)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            with open(log, "a") as f:
+                f.write(f"{time.monotonic()} {self.path.rsplit('/', 1)[-1]}\n")
+            super().do_GET()
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    conn.send(server.server_address[1])
+    server.serve_forever()
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("prefetch", [True, False], ids=["prefetch", "no-prefetch"])
+def test_the_next_remote_shard_downloads_while_the_current_one_is_read(
+        tmp_path: Path, prefetch: bool) -> None:
+    # 5 shards of 24 batches, read in order by one rank with one worker, the loop taking
+    # 60 ms a batch. With prefetch, shard s is requested when the worker starts shard
+    # s-1, so before the loop is half-way through s-1; without, only when the worker
+    # reaches s, a few batches (its window) before the loop does.
+    paths = write_tar_shards(tmp_path / "remote", [96] * 5)
+    log = tmp_path / "gets.log"
+    parent, child = mp.Pipe()
+    proc = mp.get_context("fork").Process(
+        target=_serve_logged, args=(str(tmp_path / "remote"), str(log), child), daemon=True)
+    proc.start()
+    try:
+        port = parent.recv()
+        urls = [f"http://127.0.0.1:{port}/{Path(p).name}" for p in paths]
+        cache = ShardCache(tmp_path / "cache", max_bytes=64 << 20, prefetch=prefetch)
+        ds = TarShards(urls, sizes=[96] * 5, transform=decode_sample, cache=cache)
+        got_at: list[tuple[float, int]] = []  # (time the loop got the batch, its shard)
+        with Loader(ds, batch_size=4, num_workers=1, prefetch=2, device="cpu",
+                    shuffle=False) as loader:
+            for _, y in loader:
+                got_at.append((time.monotonic(), int(y[0]) // 96))
+                time.sleep(0.06)
+        assert [s for _, s in got_at] == [s for s in range(5) for _ in range(24)]
+        gets = [line.split() for line in log.read_text().splitlines()]
+        names = [name for _, name in gets]
+        assert sorted(names) == sorted(Path(p).name for p in paths)  # each downloaded once
+        asked = {int(name[6:9]): float(t) for t, name in gets}
+        for s in range(1, 5):
+            halfway = got_at[24 * (s - 1) + 12][0]  # the loop half-way through shard s-1
+            if prefetch:
+                assert asked[s] < halfway, f"shard {s} asked for {asked[s] - halfway:.2f} s late"
+            else:
+                assert asked[s] > halfway
+    finally:
+        proc.terminate()
+        proc.join(5)

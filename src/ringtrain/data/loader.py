@@ -33,7 +33,7 @@ from ringtrain.data.feed import WorkerFeed
 from ringtrain.data.order import BatchIndexer, EpochPlan, ShardIndexer, ShardPlan, Stage, epoch_batches
 from ringtrain.data.prefetch import CudaBackend, DeviceStager, StagerBackend
 from ringtrain.data.protocol import Failed
-from ringtrain.data.workers import SampleError, load_batch
+from ringtrain.data.workers import SampleError, load_batch, prefetch_next
 from ringtrain.errors import DataError
 
 __all__ = ["Loader"]
@@ -553,6 +553,7 @@ class Loader:
         stager = self._stager
         alloc = stager.backend.host_alloc if pinned and stager is not None else fresh_alloc
         try:
+            prefetch_next(self.dataset, self._indexer, k)
             return load_batch(self.dataset, self._indexer(k), self.collate_fn, alloc)
         except SampleError as err:
             cause = err.__cause__ or err

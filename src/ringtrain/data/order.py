@@ -397,6 +397,7 @@ class ShardIndexer:
         for stage in plan.resumed:
             lo, cum, n = _stage_rest(n, stage, plan.drop_last)
             self._stages.append((lo, cum))
+        self._runs: tuple[np.ndarray, np.ndarray] | None = None  # see next_shards
 
     def _perm(self, shard: int) -> FeistelPermutation:
         perm = self._perms.get(shard)
@@ -408,6 +409,52 @@ class ShardIndexer:
                                       stream=shard)
             self._perms[shard] = perm
         return perm
+
+    def next_shards(self, batch: int, count: int = 1) -> list[int]:
+        """The next ``count`` shards this rank starts reading after batch ``batch``'s
+        (for prefetching: the shard after the current one can download while it is read)."""
+        if self._runs is None:
+            self._runs = self._shard_runs()
+        first, shards = self._runs
+        i = int(np.searchsorted(first, batch, side="right"))
+        out: list[int] = []
+        for s in shards[i:].tolist():
+            if s not in out:
+                out.append(s)
+                if len(out) == count:
+                    break
+        return out
+
+    def _shard_runs(self) -> tuple[np.ndarray, np.ndarray]:
+        """(first batch, shard) of each run of one shard in this rank's reading order,
+        from the rank's range mapped back through the stages: O(shards), not O(samples)."""
+        plan = self.plan
+        n = plan.stream_len
+        a, b = self._range0, self._range0 + plan.per_rank
+        spans = [(a, min(b, n))] + ([(0, b - n)] if b > n else [])  # padding wraps
+        for starts, cum in reversed(self._stages):
+            mapped = []
+            for lo, hi in spans:
+                j0 = int(np.searchsorted(cum, lo, side="right")) - 1
+                for j in range(j0, len(cum) - 1):
+                    if cum[j] >= hi:
+                        break
+                    x, y = max(lo, int(cum[j])), min(hi, int(cum[j + 1]))
+                    mapped.append((int(starts[j]) + x - int(cum[j]), int(starts[j]) + y - int(cum[j])))
+            spans = mapped
+        first: list[int] = []
+        shards: list[int] = []
+        offset = 0
+        for lo, hi in spans:
+            j0 = int(np.searchsorted(self._stream, lo, side="right")) - 1
+            j1 = int(np.searchsorted(self._stream, hi - 1, side="right")) - 1
+            for j in range(j0, j1 + 1):
+                if shards and shards[-1] == int(self._order[j]):
+                    continue  # the same shard goes on across two spans: one run
+                first.append((offset + max(lo, int(self._stream[j])) - lo) // plan.batch_size)
+                shards.append(int(self._order[j]))
+            offset += hi - lo
+        return np.asarray(first, dtype=np.int64), np.asarray(shards, dtype=np.int64)
 
     def positions(self, batch: int) -> np.ndarray:
         """Positions in the epoch's stream (after wrap-around) of batch ``batch``."""

@@ -96,6 +96,9 @@ class ParquetDataset(Shards):
         self._cached = (shard, cols)
         return cols
 
+    def shard_source(self, shard: int) -> str:
+        return self.paths[self._groups[shard][0]]
+
     def read_shard(self, shard: int, offsets: list[int]) -> list[Any]:
         cols = self._row_group(shard)
         items = list(cols.items())

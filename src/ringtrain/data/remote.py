@@ -20,6 +20,13 @@ A failed download (connection error, HTTP error, truncated body) is retried
 ``attempts`` times with exponential back-off, then raised as a ``DataError`` that
 names the shard.
 
+:meth:`ShardCache.prefetch` downloads shards a rank will read next in a background
+thread, one at a time, while the current one is read (the loader asks for the shard
+after the current one). A prefetch never waits for room and never evicts one of the
+most recently used shards (those being read now): when the cache has no such room it
+is skipped, and the reader downloads the shard when it needs it, as without prefetch.
+It tries once; a failure is left to the reader, whose retries and error name the shard.
+
 :meth:`ShardCache.open_ranges` reads parts of a remote file without downloading it
 (HTTP ``Range`` requests, or fsspec's random-access files), so a Parquet footer can be
 read for its row counts; a server that ignores ``Range`` gets the whole file downloaded
@@ -34,10 +41,12 @@ import io
 import os
 import shutil
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from http.client import HTTPException
 from pathlib import Path
@@ -49,6 +58,7 @@ __all__ = ["ShardCache", "is_remote"]
 
 _CHUNK = 1 << 20
 _WAIT_S = 0.02  # between looks for room while other downloads hold it
+_PREFETCH_KEEP = 8  # most recently used shards a prefetch may not evict (readers' now)
 
 
 def is_remote(name: str) -> bool:
@@ -69,11 +79,12 @@ class ShardCache:
         attempts: downloads of one shard before the error.
         backoff_s: the wait before the second attempt, doubled for each later one.
         timeout_s: socket timeout of one HTTP request.
+        prefetch: download the shard a rank reads next while it reads the current one.
     """
 
     def __init__(self, directory: str | os.PathLike[str] | None = None,
                  max_bytes: int = 8 << 30, attempts: int = 3, backoff_s: float = 0.5,
-                 timeout_s: float = 60.0) -> None:
+                 timeout_s: float = 60.0, prefetch: bool = True) -> None:
         if max_bytes <= 0 or attempts <= 0:
             raise DataError(f"max_bytes and attempts must be > 0, got {max_bytes}, {attempts}")
         if directory is None:
@@ -84,6 +95,67 @@ class ShardCache:
         self.backoff_s = float(backoff_s)
         self.timeout_s = float(timeout_s)
         self.downloads = 0  # shards this process downloaded (hits do not count)
+        self.prefetch_enabled = bool(prefetch)
+        self.prefetched = 0  # of those, downloaded ahead by the prefetch thread
+        self._init_prefetcher()
+
+    def _init_prefetcher(self) -> None:
+        self._pf_pid = os.getpid()  # a forked worker starts its own (see prefetch)
+        self._queue: deque[str] = deque()
+        self._queued: set[str] = set()
+        self._pf_lock = threading.Lock()
+        self._pf_thread: threading.Thread | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        # A worker gets its own (empty) queue and thread, not the parent's.
+        state = dict(self.__dict__)
+        for key in ("_pf_pid", "_queue", "_queued", "_pf_lock", "_pf_thread"):
+            state.pop(key)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._init_prefetcher()
+
+    def prefetch(self, names: Iterable[str]) -> None:
+        """Download these shards in the background, in order, where they are remote,
+        not cached and not queued (see the module docstring)."""
+        if not self.prefetch_enabled:
+            return
+        if self._pf_pid != os.getpid():
+            # Forked while the parent's thread may have held the lock: a fresh queue,
+            # lock and thread for this process (the parent's thread is not here).
+            self._init_prefetcher()
+        todo = [n for n in names if is_remote(n) and n not in self._queued
+                and not self._target(n).exists()]
+        if not todo:
+            return
+        with self._pf_lock:
+            for n in todo:
+                if n not in self._queued:
+                    self._queued.add(n)
+                    self._queue.append(n)
+            if self._pf_thread is None:
+                # A daemon: a process that exits mid-download leaves a .part file whose
+                # claim is void once its pid is gone (see _evict_for).
+                self._pf_thread = threading.Thread(target=self._prefetch_loop, daemon=True,
+                                                   name="ringtrain-prefetch")
+                self._pf_thread.start()
+
+    def _prefetch_loop(self) -> None:
+        while True:
+            with self._pf_lock:
+                if not self._queue:
+                    self._pf_thread = None
+                    return
+                name = self._queue[0]
+            try:
+                self._fetch_ahead(name)
+            except Exception:  # noqa: BLE001 - the reader retries it and names it
+                pass
+            with self._pf_lock:
+                self._queue.popleft()
+                self._queued.discard(name)
 
     # ---- the one entry point ---------------------------------------------------------
     def path(self, name: str) -> Path:
@@ -128,6 +200,31 @@ class ShardCache:
         except (OSError, ValueError) as err:
             raise DataError(f"could not read {name}: {_reason(err)}") from None
 
+    def _fetch_ahead(self, name: str) -> None:
+        """One download attempt for the prefetcher: skipped if the shard is cached or
+        being downloaded by a reader, or if there is no room it may take."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        target = self._target(name)
+        digest = target.name.split("-", 1)[0]
+        with open(self.directory / f".{digest}.lock", "w") as lock:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return  # a reader has it in hand
+            if target.exists():
+                return
+            part = target.with_name(f".{target.name}.{os.getpid()}.part")
+            grow = target.with_name(f".{target.name}.{os.getpid()}.grow")
+            try:
+                self._fetch(name, part, grow, target, protect=_PREFETCH_KEEP)
+            except _NoRoom:
+                return
+            finally:
+                part.unlink(missing_ok=True)
+                grow.unlink(missing_ok=True)
+            self.downloads += 1
+            self.prefetched += 1
+
     def cached_bytes(self) -> int:
         """Bytes of the shards in the cache now."""
         total = 0
@@ -158,20 +255,27 @@ class ShardCache:
             fcntl.flock(lock, fcntl.LOCK_EX)
             yield
 
-    def _claim(self, nbytes: int, keep: Path, then: Callable[[], None]) -> None:
+    def _claim(self, nbytes: int, keep: Path, then: Callable[[], None],
+               protect: int | None = None) -> None:
         """Evict until ``nbytes`` more fit beside the cached shards and the room other
-        downloads have claimed, then run ``then`` (claim or install) under the lock."""
+        downloads have claimed, then run ``then`` (claim or install) under the lock.
+        ``protect``: a prefetch, which evicts none of that many most recently used
+        shards and raises ``_NoRoom`` instead of waiting."""
         if nbytes > self.max_bytes:
+            if protect is not None:
+                raise _NoRoom(nbytes)
             raise DataError(f"a shard of {nbytes} bytes does not fit the shard cache "
                             f"(max_bytes={self.max_bytes}); raise ShardCache(max_bytes=...)")
         while True:
             with self._locked():
-                if self._evict_for(nbytes, keep):
+                if self._evict_for(nbytes, keep, protect or 0):
                     then()
                     return
+            if protect is not None:
+                raise _NoRoom(nbytes)
             time.sleep(_WAIT_S)  # downloads in flight hold the room: wait for one to land
 
-    def _evict_for(self, nbytes: int, keep: Path) -> bool:
+    def _evict_for(self, nbytes: int, keep: Path, protect: int = 0) -> bool:
         cached, claimed = [], 0
         for name in os.listdir(self.directory):
             p = self.directory / name
@@ -187,7 +291,8 @@ class ShardCache:
                 else:  # left by a worker that died mid-download: its claim is void
                     p.unlink(missing_ok=True)
         total = claimed + sum(size for _, size, _ in cached)
-        for _, size, p in sorted(cached, key=lambda e: e[0]):  # least recently used first
+        by_age = sorted(cached, key=lambda e: e[0])  # least recently used first
+        for _, size, p in by_age[:max(0, len(by_age) - protect)]:
             if total + nbytes <= self.max_bytes:
                 break
             if p != keep:
@@ -218,12 +323,13 @@ class ShardCache:
         raise DataError(f"could not download shard {name} ({self.attempts} attempts): "
                         f"{_reason(last)}")
 
-    def _fetch(self, name: str, part: Path, grow: Path, target: Path) -> None:
+    def _fetch(self, name: str, part: Path, grow: Path, target: Path,
+               protect: int | None = None) -> None:
         if name.startswith(("http://", "https://")):
             with urllib.request.urlopen(name, timeout=self.timeout_s) as resp:
                 length = resp.headers.get("Content-Length")
                 self._receive(resp, int(length) if length is not None else None,
-                              part, grow, target)
+                              part, grow, target, protect)
             return
         try:
             import fsspec  # type: ignore[import-untyped]
@@ -233,26 +339,31 @@ class ShardCache:
                             "s3fs)") from None
         with fsspec.open(name, "rb") as src:
             size = getattr(src, "size", None)
-            self._receive(src, size if isinstance(size, int) else None, part, grow, target)
+            self._receive(src, size if isinstance(size, int) else None, part, grow, target,
+                          protect)
 
     def _receive(self, src: Any, expected: int | None, part: Path, grow: Path,
-                 target: Path) -> None:
+                 target: Path, protect: int | None = None) -> None:
         """Copy ``src`` into the cache as ``target``, keeping the bound throughout."""
         if expected is None:
             got = _copy(src, grow, "wb")
-            self._claim(got, target, lambda: os.replace(grow, target))
+            self._claim(got, target, lambda: os.replace(grow, target), protect)
             return
 
         def placeholder() -> None:
             with open(part, "wb") as f:
                 f.truncate(expected)  # sparse: claims the room, costs no blocks yet
 
-        self._claim(expected, target, placeholder)
+        self._claim(expected, target, placeholder, protect)
         got = _copy(src, part, "r+b")
         if got != expected:
             raise OSError(f"the transfer stopped after {got} of {expected} bytes")
         with self._locked():  # the claim becomes the shard in one rename
             os.replace(part, target)
+
+
+class _NoRoom(Exception):
+    """A prefetch found no room it may take: the reader downloads the shard later."""
 
 
 class _NoRanges(Exception):

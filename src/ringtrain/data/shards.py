@@ -75,6 +75,17 @@ class Shards:
         """The samples at ``offsets`` of shard ``shard`` (before ``transform``)."""
         raise NotImplementedError
 
+    def shard_source(self, shard: int) -> str:
+        """The file or URL shard ``shard`` is read from (a row group's file for Parquet)."""
+        return self.shard_names[shard]
+
+    def prefetch(self, shards: Sequence[int]) -> None:
+        """Start downloading these shards (the loader names the ones a rank reads next)
+        where this dataset reads through a :class:`ShardCache`; a no-op otherwise."""
+        cache = getattr(self, "cache", None)
+        if cache is not None and hasattr(cache, "prefetch"):
+            cache.prefetch([self.shard_source(s) for s in shards])
+
     def __getitem__(self, index: int) -> Any:
         return self.__getitems__([index])[0]
 

@@ -64,7 +64,8 @@ from ringtrain.data.protocol import (
 from ringtrain.data.shm import Slot, WorkerSlots, create_shared_fd, slot_size_for
 from ringtrain.errors import DataError, WorkerDiedError, WorkerError
 
-__all__ = ["WorkerInfo", "get_worker_info", "WorkerPool", "fetch", "load_batch", "SampleError"]
+__all__ = ["WorkerInfo", "get_worker_info", "WorkerPool", "fetch", "load_batch", "prefetch_next",
+           "SampleError"]
 
 log = logging.getLogger("ringtrain.data")
 
@@ -113,6 +114,15 @@ def fetch(dataset: Any, indices: np.ndarray) -> list[Any]:
     except Exception as err:
         raise SampleError(i) from err
     return samples
+
+
+def prefetch_next(dataset: Any, indexer: BatchIndexer | ShardIndexer, batch: int) -> None:
+    """Ask a sharded dataset to fetch the shard this rank reads after batch ``batch``'s,
+    so a remote one downloads while the current one is read (see ShardCache.prefetch)."""
+    if isinstance(indexer, ShardIndexer) and hasattr(dataset, "prefetch"):
+        upcoming = indexer.next_shards(batch)
+        if upcoming:
+            dataset.prefetch(upcoming)
 
 
 def load_batch(dataset: Any, indices: np.ndarray,
@@ -218,6 +228,7 @@ def _run_task(conn: Connection, seq: int, indexer: BatchIndexer | ShardIndexer, 
     plan = indexer.plan
     try:
         indices = indexer(batch)
+        prefetch_next(dataset, indexer, batch)
         seed = plan.batch_seed(batch)
         if seed_batches:
             _seed_batch(seed)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ringtrain.data.order import ShardPlan
+from ringtrain.data.order import ShardPlan, Stage
 from ringtrain.errors import DataError
 
 SIZES = {
@@ -178,3 +178,38 @@ def test_bad_plans_are_clear_errors() -> None:
         ShardPlan((10, 10), 2, resumed=((2, 2, 99),))
     with pytest.raises(DataError, match="left nothing"):
         ShardPlan((10, 10), 2, resumed=((2, 2, 10),))
+
+
+def _runs_by_sample(plan: ShardPlan) -> list[tuple[int, int]]:
+    """(first batch, shard) of each run of one shard, sample by sample (the slow way)."""
+    ix, runs, last = plan.indexer(), [], None
+    for k in range(plan.num_batches):
+        shards, _ = ix.locate(k)
+        for i, s in enumerate(shards.tolist()):
+            if s != last:
+                runs.append(((k * plan.batch_size + i) // plan.batch_size, s))
+                last = s
+    return runs
+
+
+@pytest.mark.parametrize("resumed", [(), ((2, 4, 8),), ((2, 4, 8), (3, 4, 4))])
+@pytest.mark.parametrize("name", ["uneven", "even", "fewer shards than ranks"])
+def test_next_shards_are_the_runs_this_rank_reads_next(name: str,
+                                                      resumed: tuple[Stage, ...]) -> None:
+    sizes = SIZES[name]
+    for world in (1, 2, 3):
+        for r in range(world):
+            whole = ShardPlan(sizes, 4, world, r, seed=9, epoch=1, resumed=resumed)
+            plan = ShardPlan(sizes, 4, world, r, seed=9, epoch=1, resumed=resumed,
+                             start=min(4, whole.range_len))
+            runs = [(k, s) for k, s in _runs_by_sample(plan) if sizes[s] > 0]
+            ix = plan.indexer()
+            for k in range(plan.num_batches):
+                want = []
+                for first, s in runs:
+                    if first > k and s not in want:
+                        want.append(s)
+                got = [s for s in ix.next_shards(k, count=len(sizes)) if sizes[s] > 0]
+                assert got == want, (world, r, k)
+            if plan.num_batches:  # nothing after the last batch
+                assert [s for s in ix.next_shards(plan.num_batches - 1) if sizes[s]] == []
