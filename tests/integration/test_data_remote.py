@@ -19,10 +19,13 @@ from ringtrain.data import Loader, ShardCache, TarShards
 from ringtrain.errors import DataError, WorkerError
 
 
-def _serve(root: str, conn: Any, fail_first: dict[str, int], always: set[str]) -> None:
+def _serve(root: str, conn: Any, fail_first: dict[str, int], always: set[str],
+           log: str | None = None) -> None:
     """An HTTP server for ``root``; a shard in ``fail_first`` answers 503 that many
-    times first, one in ``always`` answers 500 forever. Runs in its own process, so
-    the loader never forks a process that has a server thread."""
+    times first, one in ``always`` answers 500 forever; with ``log``, each GET appends
+    ``<monotonic time> <name>`` to it (CLOCK_MONOTONIC is one clock for every process
+    of the host). Runs in its own process, so the loader never forks a process that
+    has a server thread."""
     left = dict(fail_first)
     lock = threading.Lock()
 
@@ -35,6 +38,9 @@ def _serve(root: str, conn: Any, fail_first: dict[str, int], always: set[str]) -
 
         def do_GET(self) -> None:  # noqa: N802 - http.server's name
             name = self.path.rsplit("/", 1)[-1]
+            if log is not None:
+                with open(log, "a") as f:
+                    f.write(f"{time.monotonic()} {name}\n")
             with lock:
                 fail = name in always or left.get(name, 0) > 0
                 if name in left and left[name] > 0:
@@ -296,27 +302,6 @@ def test_remote_parquet_counts_rows_from_the_footer_alone(tmp_path: Path, ranges
         server.close()
 
 
-def _serve_logged(root: str, log: str, conn: Any) -> None:
-    """An HTTP server for ``root`` that appends ``<monotonic time> <name>`` to ``log``
-    when a GET arrives (CLOCK_MONOTONIC is one clock for every process of the host)."""
-
-    class Handler(SimpleHTTPRequestHandler):
-        def __init__(self, *a: Any, **kw: Any) -> None:
-            super().__init__(*a, directory=root, **kw)
-
-        def log_message(self, *args: Any) -> None:
-            pass
-
-        def do_GET(self) -> None:  # noqa: N802 - http.server's name
-            with open(log, "a") as f:
-                f.write(f"{time.monotonic()} {self.path.rsplit('/', 1)[-1]}\n")
-            super().do_GET()
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    conn.send(server.server_address[1])
-    server.serve_forever()
-
-
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize("prefetch", [True, False], ids=["prefetch", "no-prefetch"])
 def test_the_next_remote_shard_downloads_while_the_current_one_is_read(
@@ -329,7 +314,7 @@ def test_the_next_remote_shard_downloads_while_the_current_one_is_read(
     log = tmp_path / "gets.log"
     parent, child = mp.Pipe()
     proc = mp.get_context("fork").Process(
-        target=_serve_logged, args=(str(tmp_path / "remote"), str(log), child), daemon=True)
+        target=_serve, args=(str(tmp_path / "remote"), child, {}, set(), str(log)), daemon=True)
     proc.start()
     try:
         port = parent.recv()

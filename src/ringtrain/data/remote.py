@@ -96,7 +96,6 @@ class ShardCache:
         self.timeout_s = float(timeout_s)
         self.downloads = 0  # shards this process downloaded (hits do not count)
         self.prefetch_enabled = bool(prefetch)
-        self.prefetched = 0  # of those, downloaded ahead by the prefetch thread
         self._init_prefetcher()
 
     def _init_prefetcher(self) -> None:
@@ -164,8 +163,7 @@ class ShardCache:
             return _local(name)
         self.directory.mkdir(parents=True, exist_ok=True)
         target = self._target(name)
-        digest = target.name.split("-", 1)[0]
-        with open(self.directory / f".{digest}.lock", "w") as lock:
+        with open(self._lock_path(target), "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)  # one download per shard per host
             if target.exists():
                 os.utime(target)  # most recently used
@@ -205,8 +203,7 @@ class ShardCache:
         being downloaded by a reader, or if there is no room it may take."""
         self.directory.mkdir(parents=True, exist_ok=True)
         target = self._target(name)
-        digest = target.name.split("-", 1)[0]
-        with open(self.directory / f".{digest}.lock", "w") as lock:
+        with open(self._lock_path(target), "w") as lock:
             try:
                 fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -223,7 +220,6 @@ class ShardCache:
                 part.unlink(missing_ok=True)
                 grow.unlink(missing_ok=True)
             self.downloads += 1
-            self.prefetched += 1
 
     def cached_bytes(self) -> int:
         """Bytes of the shards in the cache now."""
@@ -240,6 +236,10 @@ class ShardCache:
         digest = hashlib.sha1(name.encode()).hexdigest()[:16]
         base = name.rstrip("/").rsplit("/", 1)[-1][-80:] or "shard"
         return self.directory / f"{digest}-{base}"
+
+    def _lock_path(self, target: Path) -> Path:
+        """The per-shard lock file: one download of a shard per host at a time."""
+        return self.directory / f".{target.name.split('-', 1)[0]}.lock"
 
     def _entries(self) -> list[Path]:
         try:
