@@ -398,7 +398,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--link-mbit", type=float, default=200.0,
                    help="with --shaped-hosts: each host's link, Mbit/s per direction (default 200)")
     p.add_argument("--delay-ms", type=float, default=1.0,
-                   help="with --shaped-hosts: added one-way delay (netem; default 1 ms)")
+                   help="with --shaped-hosts: added one-way delay per link (netem, or a delay "
+                        "line where the kernel has none; default 1 ms)")
     p.add_argument("--netns-prefix", default="rtsh",
                    help="with --shaped-hosts: namespace names <prefix>1.. (default rtsh)")
     p.add_argument("--netns-subnet", default="10.213.70",

@@ -79,8 +79,10 @@ def run_shaped(ns: list[int], mbit: float, delay_ms: float, sizes: list[int], al
     records: list[dict[str, Any]] = []
     try:
         probe = shaped_hosts.probe_rate(hosts) if hosts.n > 1 else float("nan")
+        rtt = shaped_hosts.probe_rtt(hosts) if hosts.n > 1 else [float("nan")]
         print(f"# {hosts.n} hosts, {hosts.qdisc}; one TCP stream host1 -> host2 carries "
-              f"{probe:.1f} Mbit/s of payload ({probe / mbit:.2f} of the link)", file=sys.stderr)
+              f"{probe:.1f} Mbit/s of payload ({probe / mbit:.2f} of the link); round trip "
+              f"host1 -> host2 median {rtt[len(rtt) // 2]:.2f} ms (min {rtt[0]:.2f})", file=sys.stderr)
         with tempfile.TemporaryDirectory(prefix="ringtrain-shaped-") as tmp:
             os.chmod(tmp, 0o755)
             for n in ns:
@@ -103,7 +105,8 @@ def run_shaped(ns: list[int], mbit: float, delay_ms: float, sizes: list[int], al
 
     meta = {"host": platform.node(), "cores": os.cpu_count() or 1, "torch": torch.__version__,
             "backend": "gloo", "link_mbit": mbit, "delay_ms": hosts.delay_ms, "qdisc": hosts.qdisc,
-            "probe_mbit": probe, "rounds": rounds, "budget_s": budget}
+            "probe_mbit": probe, "rtt_ms_median": rtt[len(rtt) // 2], "rtt_ms_min": rtt[0],
+            "rounds": rounds, "budget_s": budget}
     for rec in records:
         rec.setdefault("qdisc", hosts.qdisc)
     return records, meta

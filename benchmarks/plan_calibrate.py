@@ -36,12 +36,12 @@ from ringtrain.plan.calibrate import (
 )
 
 
-def _shaped(ns: list[int], mbit: float) -> dict[str, Any]:
+def _shaped(ns: list[int], mbit: float, delay_ms: float) -> dict[str, Any]:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import shaped_hosts
 
     ringtrain_cli = str(Path(sys.executable).parent / "ringtrain")
-    hosts = shaped_hosts.build(max(ns), mbit, 0.0)
+    hosts = shaped_hosts.build(max(ns), mbit, delay_ms)
     runs: dict[int, dict[str, Any]] = {}
     try:
         with tempfile.TemporaryDirectory(prefix="ringtrain-calibrate-") as tmp:
@@ -53,7 +53,8 @@ def _shaped(ns: list[int], mbit: float) -> dict[str, Any]:
                 runs[n] = json.loads(Path(out).read_text())
     finally:
         shaped_hosts.teardown(hosts)
-    return {"link_mbit": mbit, "qdisc": hosts.qdisc, "runs": runs, "cross": _cross(runs, mbit)}
+    return {"link_mbit": mbit, "delay_ms": hosts.delay_ms, "qdisc": hosts.qdisc, "runs": runs,
+            "cross": _cross(runs, mbit)}
 
 
 def _cross(runs: dict[int, dict[str, Any]], mbit: float) -> list[dict[str, Any]]:
@@ -85,6 +86,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--shaped-hosts", default=None, metavar="N[,N...]",
                    help="calibrate as the ranks of jobs on N shaped network-namespace hosts (root)")
     p.add_argument("--link-mbit", type=float, default=200.0, help="with --shaped-hosts: link rate")
+    p.add_argument("--delay-ms", type=float, default=1.0,
+                   help="with --shaped-hosts: added one-way delay per link (default 1 ms)")
     p.add_argument("--json", default=None, help="default out/plan_calibrate[_shaped].json")
     args = p.parse_args(argv)
     if args.shaped_hosts:
@@ -96,7 +99,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"plan_calibrate: --shaped-hosts: {reason}", file=sys.stderr)
             return 2
         try:
-            result = _shaped([int(x) for x in args.shaped_hosts.split(",")], args.link_mbit)
+            result = _shaped([int(x) for x in args.shaped_hosts.split(",")], args.link_mbit,
+                             args.delay_ms)
         except (ValueError, shaped_hosts.ShapedHostsError) as exc:
             print(f"plan_calibrate: {exc}", file=sys.stderr)
             return 1

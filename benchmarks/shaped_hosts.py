@@ -11,8 +11,11 @@ The link is shaped in both directions with ``tc``, as a full-duplex network card
 ``mbit`` Mbit/s would be: a token bucket (``tbf``) on the host's own end (what it sends)
 and one on the bridge's end (what it receives), so N-1 workers pushing to one parameter
 server share that server's incoming rate, as on a real switch port. A fixed delay is
-added with ``netem`` when the kernel has it (``CONFIG_NET_SCH_NETEM``); when it does not,
-:func:`build` warns and the link has only its queueing delay.
+added with ``netem`` when the kernel has it (``CONFIG_NET_SCH_NETEM``), else by a delay
+line in each host (``delay_line.py``: the netfilter queue holds every packet the host
+receives for the delay; needs ``iptables``); with neither, :func:`build` warns and the
+link has only its queueing delay. Either way a packet pays ``delay_ms`` once per
+direction, a round trip twice.
 
 Ranks are started directly in the namespaces with the torchrun-style environment
 (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ...; ``GLOO_SOCKET_IFNAME=eth0``), one rank per
@@ -28,6 +31,7 @@ Needs root and iproute2 (``ip``, ``tc``).
 from __future__ import annotations
 
 import os
+import select
 import shutil
 import signal
 import subprocess
@@ -35,10 +39,11 @@ import sys
 import time
 import warnings
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 
 __all__ = ["Host", "ShapedHosts", "ShapedHostsError", "requirements", "build", "teardown", "launch",
-           "rank_env", "probe_rate"]
+           "rank_env", "probe_rate", "probe_rtt"]
 
 PREFIX = "rtsh"
 SUBNET = "10.213.70"
@@ -72,8 +77,10 @@ class ShapedHosts:
     bridge: str
     prefix: str
     mbit: float
-    delay_ms: float  #: the delay actually added (0 when the kernel has no netem)
+    delay_ms: float  #: the one-way delay actually added (0 when neither way is available)
     qdisc: str  #: what shapes each direction, as tc was told
+    #: The hosts' delay lines (no netem): closing their stdin ends them.
+    delay_lines: tuple[subprocess.Popen[str], ...] = field(default=(), compare=False, repr=False)
 
     @property
     def n(self) -> int:
@@ -103,6 +110,59 @@ def _netem_available(ns: str, dev: str) -> bool:
     if res.returncode == 0:
         _run("ip", "netns", "exec", ns, "tc", "qdisc", "del", "dev", dev, "root", check=False)
     return res.returncode == 0
+
+
+def _iptables() -> str | None:
+    for tool in ("iptables", "/usr/sbin/iptables"):
+        if shutil.which(tool):
+            return shutil.which(tool)
+    return None
+
+
+def _start_delay_lines(hosts: Sequence[Host], delay_ms: float) -> list[subprocess.Popen[str]]:
+    """One delay line per host on what its eth0 receives; raises when one cannot start."""
+    iptables = _iptables()
+    if iptables is None:
+        raise ShapedHostsError("iptables not found; apt-get install -y iptables")
+    import delay_line
+
+    script = str(Path(__file__).resolve().with_name("delay_line.py"))
+    procs: list[subprocess.Popen[str]] = []
+    try:
+        for h in hosts:
+            procs.append(subprocess.Popen(
+                ["ip", "netns", "exec", h.namespace, sys.executable, script, "--delay-ms",
+                 f"{delay_ms:g}"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT, text=True, start_new_session=True))
+        for h, p in zip(hosts, procs, strict=True):
+            assert p.stdout is not None
+            ready, _, _ = select.select([p.stdout], [], [], 20)
+            line = p.stdout.readline().strip() if ready else ""
+            if line != "ready":
+                raise ShapedHostsError(f"the delay line of {h.namespace} did not start: "
+                                       f"{line or 'no answer within 20 s'}")
+            # Only now: a rule sending packets to a queue nobody listens on drops them.
+            _run("ip", "netns", "exec", h.namespace, iptables, *delay_line.rule(0, "eth0"))
+    except BaseException:
+        _stop(procs)
+        raise
+    return procs
+
+
+def _stop(procs: Sequence[subprocess.Popen[str]]) -> None:
+    for p in procs:
+        if p.poll() is None:
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except OSError:
+                pass
+        p.wait()
+        for stream in (p.stdin, p.stdout):
+            if stream is not None:
+                try:
+                    stream.close()
+                except OSError:
+                    pass
 
 
 def _shape(prefix_cmd: Sequence[str], dev: str, mbit: float, delay_ms: float) -> None:
@@ -152,24 +212,33 @@ def build(n: int, mbit: float, delay_ms: float = 1.0, prefix: str = PREFIX,
             _run("ip", "link", "set", h.bridge_port, "up")
             _run("ip", "-n", h.namespace, "addr", "add", f"{h.addr}/24", "dev", "eth0")
             _run("ip", "-n", h.namespace, "link", "set", "eth0", "up")
-        added = delay_ms if delay_ms > 0 and _netem_available(hosts[0].namespace, "eth0") else 0.0
-        if delay_ms > 0 and added == 0:
-            warnings.warn(f"this kernel has no netem qdisc (CONFIG_NET_SCH_NETEM): the links get "
-                          f"no added delay, only {mbit:g} Mbit/s and their queueing delay",
-                          stacklevel=2)
+        netem = delay_ms > 0 and _netem_available(hosts[0].namespace, "eth0")
         for h in hosts:
-            _shape(["ip", "netns", "exec", h.namespace], "eth0", mbit, added)  # what it sends
-            _shape([], h.bridge_port, mbit, added)  # what it receives
+            _shape(["ip", "netns", "exec", h.namespace], "eth0", mbit, delay_ms if netem else 0)
+            _shape([], h.bridge_port, mbit, delay_ms if netem else 0)  # what it receives
+        qdisc = f"tbf rate {mbit:g}mbit burst {_BURST} latency {_LATENCY}, on both ends"
+        added, lines = (delay_ms, []) if netem else (0.0, [])
+        if netem:
+            qdisc += f" + netem delay {delay_ms / 2:g}ms on each"
+        elif delay_ms > 0:
+            try:
+                lines = _start_delay_lines(hosts, delay_ms)
+                added = delay_ms
+                qdisc += (f" + a {delay_ms:g} ms delay line on each host's incoming packets "
+                          f"(netfilter queue; the kernel has no netem)")
+            except ShapedHostsError as exc:
+                warnings.warn(f"this kernel has no netem qdisc (CONFIG_NET_SCH_NETEM) and {exc}: the "
+                              f"links get no added delay, only {mbit:g} Mbit/s and their queueing "
+                              f"delay", stacklevel=2)
     except BaseException:
         teardown(partial)
         raise
-    qdisc = f"tbf rate {mbit:g}mbit burst {_BURST} latency {_LATENCY}" + (
-        f" + netem delay {added / 2:g}ms, on both ends" if added else ", on both ends")
-    return ShapedHosts(hosts, bridge, prefix, mbit, added, qdisc)
+    return ShapedHosts(hosts, bridge, prefix, mbit, added, qdisc, tuple(lines))
 
 
 def teardown(hosts: ShapedHosts) -> None:
     """End every process in the hosts' namespaces and remove them and the bridge."""
+    _stop(hosts.delay_lines)
     listed = _run("ip", "netns", "list", check=False).stdout.split()
     for h in hosts.hosts:
         if h.namespace in listed:
@@ -211,7 +280,7 @@ def launch(hosts: ShapedHosts, argv: Sequence[str], n: int | None = None, timeou
             procs.append(subprocess.Popen(
                 ["ip", "netns", "exec", hosts.hosts[r].namespace, *argv], env=full,
                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True))
-        outputs = _collect(procs, timeout_s)
+        outputs = _collect(procs, timeout_s, hosts)
     finally:
         for p in procs:
             if p.poll() is None:
@@ -223,7 +292,7 @@ def launch(hosts: ShapedHosts, argv: Sequence[str], n: int | None = None, timeou
     return outputs
 
 
-def _collect(procs: list[subprocess.Popen[str]], timeout_s: float) -> list[str]:
+def _collect(procs: list[subprocess.Popen[str]], timeout_s: float, hosts: ShapedHosts) -> list[str]:
     import threading
 
     outs = ["" for _ in procs]
@@ -237,6 +306,15 @@ def _collect(procs: list[subprocess.Popen[str]], timeout_s: float) -> list[str]:
         t.start()
     deadline = time.monotonic() + timeout_s
     while any(p.poll() is None for p in procs):
+        gone = [i for i, p in enumerate(hosts.delay_lines) if p.poll() is not None]
+        if gone:  # its host now drops what it receives: say so instead of timing out
+            for p in procs:
+                if p.poll() is None:
+                    os.killpg(p.pid, signal.SIGKILL)
+            out = hosts.delay_lines[gone[0]].stdout
+            raise ShapedHostsError(f"the delay line of {hosts.hosts[gone[0]].namespace} exited "
+                                   f"({hosts.delay_lines[gone[0]].returncode}): "
+                                   f"{(out.read() if out else '').strip()[-300:]}")
         failed = [i for i, p in enumerate(procs) if p.poll() not in (None, 0)]
         if failed or time.monotonic() > deadline:
             for p in procs:
@@ -293,3 +371,40 @@ def probe_rate(hosts: ShapedHosts, nbytes: int = 16 << 20) -> float:
         if recv.poll() is None:
             recv.kill()
             recv.wait()
+
+
+_ECHO = """
+import socket, sys, time
+mode, addr, count = sys.argv[1], sys.argv[2], int(sys.argv[3])
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+if mode == "echo":
+    s.bind((addr, 29598)); print("ready", flush=True)
+    for _ in range(count):
+        d, a = s.recvfrom(64); s.sendto(d, a)
+else:
+    s.settimeout(5); out = []
+    for i in range(count):
+        t = time.perf_counter(); s.sendto(b"%d" % i, (addr, 29598)); s.recvfrom(64)
+        out.append((time.perf_counter() - t) * 1e3); time.sleep(0.01)
+    print(" ".join(f"{x:.3f}" for x in out), flush=True)
+"""
+
+
+def probe_rtt(hosts: ShapedHosts, count: int = 20) -> list[float]:
+    """Round trips from host 1 to host 2 in ms, sorted (small UDP datagrams): the delay at work."""
+    a, b = hosts.hosts[0], hosts.hosts[1]
+    echo = subprocess.Popen(["ip", "netns", "exec", b.namespace, sys.executable, "-c", _ECHO, "echo",
+                             b.addr, str(count)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert echo.stdout is not None
+        if echo.stdout.readline().strip() != "ready":
+            raise ShapedHostsError("the round-trip probe's echo did not start")
+        res = subprocess.run(["ip", "netns", "exec", a.namespace, sys.executable, "-c", _ECHO, "ping",
+                              b.addr, str(count)], capture_output=True, text=True, timeout=120)
+        if res.returncode != 0:
+            raise ShapedHostsError(f"the round-trip probe failed: {res.stderr.strip()[-300:]}")
+        return sorted(float(x) for x in res.stdout.split())
+    finally:
+        if echo.poll() is None:
+            echo.kill()
+        echo.wait()

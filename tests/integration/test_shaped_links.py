@@ -65,3 +65,29 @@ def _namespaces() -> list[str]:
 
     res = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True)
     return [line.split()[0] for line in res.stdout.splitlines() if line.split()]
+
+
+@pytest.mark.timeout(90)
+def test_links_get_the_fixed_delay_and_a_dead_delay_line_is_named() -> None:
+    """5 ms one way: every round trip pays at least 10 ms (netem, or the delay line on a
+    kernel without it); a delay line that dies ends a job with its name, not a hang."""
+    reason = shaped_hosts.requirements()
+    if reason:
+        pytest.skip(reason)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)  # no silent fallback to no delay
+        hosts = shaped_hosts.build(2, 100.0, 5.0, prefix="rtshd", subnet="10.213.72")
+    try:
+        assert hosts.delay_ms == 5.0 and ("netem" in hosts.qdisc or "delay line" in hosts.qdisc)
+        rtt = shaped_hosts.probe_rtt(hosts, count=15)
+        assert rtt[0] >= 10.0, rtt  # both directions delayed, none skipped
+        assert rtt[len(rtt) // 2] < 10.0 + 8.0, rtt  # the delay, not the delay plus a stall
+        if hosts.delay_lines:
+            hosts.delay_lines[1].kill()
+            with pytest.raises(shaped_hosts.ShapedHostsError, match="delay line of rtshd2"):
+                shaped_hosts.launch(hosts, [sys.executable, "-c", "import time; time.sleep(60)"],
+                                    timeout_s=30)
+    finally:
+        shaped_hosts.teardown(hosts)
+    assert all(p.poll() is not None for p in hosts.delay_lines)
+    assert not any(ns.startswith("rtshd") for ns in _namespaces())
