@@ -149,14 +149,21 @@ def _start_delay_lines(hosts: Sequence[Host], delay_ms: float) -> list[subproces
     return procs
 
 
-def _stop(procs: Sequence[subprocess.Popen[str]]) -> None:
+def _kill(procs: Sequence[subprocess.Popen[str]], wait: bool = True) -> None:
+    """SIGKILL each live process's session (each was started in its own)."""
     for p in procs:
         if p.poll() is None:
             try:
                 os.killpg(p.pid, signal.SIGKILL)
             except OSError:
                 pass
-        p.wait()
+        if wait:
+            p.wait()
+
+
+def _stop(procs: Sequence[subprocess.Popen[str]]) -> None:
+    _kill(procs)
+    for p in procs:
         for stream in (p.stdin, p.stdout):
             if stream is not None:
                 try:
@@ -282,13 +289,7 @@ def launch(hosts: ShapedHosts, argv: Sequence[str], n: int | None = None, timeou
                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True))
         outputs = _collect(procs, timeout_s, hosts)
     finally:
-        for p in procs:
-            if p.poll() is None:
-                try:
-                    os.killpg(p.pid, signal.SIGKILL)
-                except OSError:
-                    pass
-                p.wait()
+        _kill(procs)
     return outputs
 
 
@@ -298,8 +299,9 @@ def _collect(procs: list[subprocess.Popen[str]], timeout_s: float, hosts: Shaped
     outs = ["" for _ in procs]
 
     def read(i: int) -> None:
-        assert procs[i].stdout is not None
-        outs[i] = procs[i].stdout.read()
+        stream = procs[i].stdout
+        assert stream is not None
+        outs[i] = stream.read()
 
     readers = [threading.Thread(target=read, args=(i,), daemon=True) for i in range(len(procs))]
     for t in readers:
@@ -308,18 +310,14 @@ def _collect(procs: list[subprocess.Popen[str]], timeout_s: float, hosts: Shaped
     while any(p.poll() is None for p in procs):
         gone = [i for i, p in enumerate(hosts.delay_lines) if p.poll() is not None]
         if gone:  # its host now drops what it receives: say so instead of timing out
-            for p in procs:
-                if p.poll() is None:
-                    os.killpg(p.pid, signal.SIGKILL)
+            _kill(procs, wait=False)
             out = hosts.delay_lines[gone[0]].stdout
             raise ShapedHostsError(f"the delay line of {hosts.hosts[gone[0]].namespace} exited "
                                    f"({hosts.delay_lines[gone[0]].returncode}): "
                                    f"{(out.read() if out else '').strip()[-300:]}")
         failed = [i for i, p in enumerate(procs) if p.poll() not in (None, 0)]
         if failed or time.monotonic() > deadline:
-            for p in procs:
-                if p.poll() is None:
-                    os.killpg(p.pid, signal.SIGKILL)
+            _kill(procs, wait=False)
             for t in readers:
                 t.join(5)
             what = f"rank {failed[0]} exited with {procs[failed[0]].returncode}" if failed \
@@ -337,10 +335,10 @@ def _collect(procs: list[subprocess.Popen[str]], timeout_s: float, hosts: Shaped
     return outs
 
 
-_PROBE = """
+_RATE = """
 import socket, sys, time
 mode, addr, nbytes = sys.argv[1], sys.argv[2], int(sys.argv[3])
-if mode == "recv":
+if mode == "server":
     s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     s.bind((addr, 29599)); s.listen(1); print("ready", flush=True)
     c, _ = s.accept(); buf = bytearray(1 << 20); got = 0; t0 = None
@@ -353,31 +351,11 @@ else:
     c = socket.create_connection((addr, 29599)); c.sendall(b"x" * nbytes); c.close()
 """
 
-
-def probe_rate(hosts: ShapedHosts, nbytes: int = 16 << 20) -> float:
-    """Mbit/s of TCP payload from host 1 to host 2 (one stream): the shaper at work."""
-    a, b = hosts.hosts[0], hosts.hosts[1]
-    recv = subprocess.Popen(["ip", "netns", "exec", b.namespace, sys.executable, "-c", _PROBE, "recv",
-                             b.addr, str(nbytes)], stdout=subprocess.PIPE, text=True)
-    try:
-        assert recv.stdout is not None
-        if recv.stdout.readline().strip() != "ready":
-            raise ShapedHostsError("the rate probe's receiver did not start")
-        subprocess.run(["ip", "netns", "exec", a.namespace, sys.executable, "-c", _PROBE, "send", b.addr,
-                        str(nbytes)], check=True, timeout=120)
-        out, _ = recv.communicate(timeout=120)
-        return float(out.strip().splitlines()[-1])
-    finally:
-        if recv.poll() is None:
-            recv.kill()
-            recv.wait()
-
-
 _ECHO = """
 import socket, sys, time
 mode, addr, count = sys.argv[1], sys.argv[2], int(sys.argv[3])
 s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-if mode == "echo":
+if mode == "server":
     s.bind((addr, 29598)); print("ready", flush=True)
     for _ in range(count):
         d, a = s.recvfrom(64); s.sendto(d, a)
@@ -390,21 +368,35 @@ else:
 """
 
 
+def _probe(hosts: ShapedHosts, script: str, what: str, arg: int) -> tuple[str, str]:
+    """``script``'s server in host 2, then, once it is ready, its client in host 1: their
+    outputs (client's, server's)."""
+    a, b = hosts.hosts[0], hosts.hosts[1]
+    server = subprocess.Popen(["ip", "netns", "exec", b.namespace, sys.executable, "-c", script,
+                               "server", b.addr, str(arg)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert server.stdout is not None
+        if server.stdout.readline().strip() != "ready":
+            raise ShapedHostsError(f"the {what} probe's server did not start")
+        res = subprocess.run(["ip", "netns", "exec", a.namespace, sys.executable, "-c", script,
+                              "client", b.addr, str(arg)], capture_output=True, text=True, timeout=120)
+        if res.returncode != 0:
+            raise ShapedHostsError(f"the {what} probe failed: {res.stderr.strip()[-300:]}")
+        out, _ = server.communicate(timeout=120)
+        return res.stdout, out
+    finally:
+        if server.poll() is None:
+            server.kill()
+        server.wait()
+
+
+def probe_rate(hosts: ShapedHosts, nbytes: int = 16 << 20) -> float:
+    """Mbit/s of TCP payload from host 1 to host 2 (one stream): the shaper at work."""
+    _, received = _probe(hosts, _RATE, "rate", nbytes)
+    return float(received.strip().splitlines()[-1])
+
+
 def probe_rtt(hosts: ShapedHosts, count: int = 20) -> list[float]:
     """Round trips from host 1 to host 2 in ms, sorted (small UDP datagrams): the delay at work."""
-    a, b = hosts.hosts[0], hosts.hosts[1]
-    echo = subprocess.Popen(["ip", "netns", "exec", b.namespace, sys.executable, "-c", _ECHO, "echo",
-                             b.addr, str(count)], stdout=subprocess.PIPE, text=True)
-    try:
-        assert echo.stdout is not None
-        if echo.stdout.readline().strip() != "ready":
-            raise ShapedHostsError("the round-trip probe's echo did not start")
-        res = subprocess.run(["ip", "netns", "exec", a.namespace, sys.executable, "-c", _ECHO, "ping",
-                              b.addr, str(count)], capture_output=True, text=True, timeout=120)
-        if res.returncode != 0:
-            raise ShapedHostsError(f"the round-trip probe failed: {res.stderr.strip()[-300:]}")
-        return sorted(float(x) for x in res.stdout.split())
-    finally:
-        if echo.poll() is None:
-            echo.kill()
-        echo.wait()
+    sent, _ = _probe(hosts, _ECHO, "round-trip", count)
+    return sorted(float(x) for x in sent.split())
