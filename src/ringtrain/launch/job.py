@@ -255,9 +255,14 @@ def _await_agents(cfg: JobConfig, remote: dict[str, RemoteHost], attempt: int,
                 refused.pop(host, None)
             elif h.ssh_done():
                 refused[host] = h.problem()
-                if attempt == 0:  # a typo or a host that was never up: no point waiting
-                    pending.discard(host)
-                else:  # a host that died may be rebooting: keep trying until the deadline
+                if attempt == 0 and cfg.transport != "srun":
+                    pending.discard(host)  # a typo or a host that was never up: no point waiting
+                else:
+                    # A host that died may be rebooting: keep trying until the deadline.
+                    # Under srun every node is the allocation's own, so a refusal even on
+                    # the first attempt is Slurm not ready yet: a requeued job can start
+                    # while a node back from a failure still refuses steps ("Requested
+                    # node configuration is not available") for a moment.
                     time.sleep(0.3)
                     h.connect()
     if refused or pending:

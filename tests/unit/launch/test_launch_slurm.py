@@ -88,3 +88,48 @@ def test_np_is_required_outside_slurm(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("SLURM_JOB_ID", raising=False)
     with pytest.raises(ConfigError, match="-np N is required"):
         build_config(["true"])
+
+
+class _Refusing:
+    """A host agent whose start is refused ``refusals`` times, then comes up."""
+
+    def __init__(self, refusals: int) -> None:
+        self.refusals, self.connects = refusals, 0
+
+    def wait_ready(self, deadline: float) -> bool:
+        return self.connects >= self.refusals
+
+    def ssh_done(self) -> bool:
+        return self.connects < self.refusals
+
+    def problem(self) -> str:
+        return "srun: error: Unable to create step: Requested node configuration is not available"
+
+    def connect(self) -> None:
+        self.connects += 1
+
+
+def _cfg(transport: str) -> object:
+    import types
+
+    return types.SimpleNamespace(start_timeout=10.0, transport=transport,
+                                 ssh=types.SimpleNamespace(port=None))
+
+
+def test_under_srun_a_first_refused_step_is_retried_until_the_node_takes_it() -> None:
+    """A requeued job can start while a node back from a failure still refuses steps:
+    under srun that is Slurm not ready yet, not a wrong host name."""
+    from ringtrain.launch.job import _await_agents
+
+    host = _Refusing(refusals=2)
+    _await_agents(_cfg("srun"), {"n2": host}, 0, [])  # type: ignore[arg-type, dict-item]
+    assert host.connects == 2
+
+
+def test_over_ssh_a_first_refused_host_is_an_error_at_once() -> None:
+    from ringtrain.launch.job import _await_agents, _HostsDown
+
+    host = _Refusing(refusals=2)
+    with pytest.raises(_HostsDown, match="could not start the host agent on n2"):
+        _await_agents(_cfg("ssh"), {"n2": host}, 0, [])  # type: ignore[arg-type, dict-item]
+    assert host.connects == 0
