@@ -97,6 +97,37 @@ def test_image_folder_through_the_loader(folder: Path) -> None:
     assert torch.cat([y for _, y in batches]).tolist() == ds.labels.tolist()
 
 
+def test_image_folder_order_is_files_then_sorted_subfolders_depth_first(tmp_path: Path) -> None:
+    # The order fixes which sample an index is: it must not depend on the directory's
+    # listing order, and it is what os.walk(sorted) gave before the listing was rewritten.
+    for rel in ("a/z.jpg", "a/b.JPG", "a/m/c.png", "a/m/n/d.jpg", "a/k/e.jpg", "a/k/f.txt",
+                "b/x.jpeg", "b/y/0.png"):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_bytes(b"")
+    (tmp_path / "a" / "link").symlink_to(tmp_path / "b" / "y")  # followed, like a folder
+    ds = ImageFolder(tmp_path, decode=False)
+    rels = [str(ds.path(i).relative_to(tmp_path)) for i in range(len(ds))]
+    assert rels == ["a/b.JPG", "a/z.jpg", "a/k/e.jpg", "a/link/0.png", "a/m/c.png",
+                    "a/m/n/d.jpg", "b/x.jpeg", "b/y/0.png"]
+    assert ds.labels.tolist() == [0] * 6 + [1] * 2 and ds.labels.dtype == np.int32
+
+
+def test_image_folder_names_a_folder_it_cannot_list(tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "a" / "locked").mkdir(parents=True)
+    (tmp_path / "a" / "1.jpg").write_bytes(b"")
+    real = __import__("os").scandir
+
+    def scandir(path: object) -> object:
+        if isinstance(path, bytes) and path.endswith(b"locked/"):
+            raise PermissionError(13, "Permission denied")
+        return real(path)
+
+    monkeypatch.setattr("ringtrain.data.imagefolder.os.scandir", scandir)
+    with pytest.raises(DataError, match=r"cannot list .*a/locked/: Permission denied"):
+        ImageFolder(tmp_path)
+
+
 def test_image_folder_errors(tmp_path: Path) -> None:
     with pytest.raises(DataError, match="not a directory"):
         ImageFolder(tmp_path / "missing")
