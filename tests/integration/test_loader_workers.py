@@ -182,6 +182,15 @@ def test_dict_tuple_and_string_samples() -> None:
 
 
 @pytest.mark.timeout(60)
+def test_the_first_batches_of_a_fresh_loader_go_to_different_workers() -> None:
+    # Before the slots are sized every worker gets one batch: two for the first worker
+    # left the second one idle until the first batch was in.
+    with _loader(Mixed(), batch_size=8, shuffle=False, num_workers=2) as loader:
+        first, second = _take(loader, limit=2)
+    assert {first["worker"].unique().tolist()[0], second["worker"].unique().tolist()[0]} == {0, 1}
+
+
+@pytest.mark.timeout(60)
 def test_getitems_runs_in_the_workers() -> None:
     with _loader(Batched(500), batch_size=50) as loader:
         labels = torch.cat([i for _, i in _take(loader)])

@@ -348,8 +348,12 @@ class WorkerFeed:
                     break
                 made = slots.created
                 slot = slots.acquire(create=new_slots is None or new_slots > 0)
-                if slot is None and (slots.sized or len(pool.owner) >= len(pool.active)):
-                    break  # all slots busy (unsized: one batch per worker sizes them)
+                if slot is None and (slots.sized or worker.outstanding
+                                     or len(pool.owner) >= len(pool.active)):
+                    # All slots busy; or not sized yet: one batch per worker sizes them,
+                    # each to its own worker (two to the first one left the second
+                    # idle until the first batch was in).
+                    break
                 # Counted by creations: acquire may retire a slot too small and make
                 # its replacement, which leaves the number of slots unchanged.
                 if new_slots is not None and slots.created > made:
