@@ -136,6 +136,24 @@ def test_resume_mid_epoch_and_across_epochs_with_workers() -> None:
 
 
 @pytest.mark.timeout(60)
+def test_a_resumed_loader_augments_as_the_uninterrupted_one() -> None:
+    # The resumed loader loads its first batch in halves on two workers; the
+    # uninterrupted one loaded that batch whole on one worker.
+    ds = Augmented(2000)
+    with _loader(ds) as ref:
+        expected = _take(ref)
+    with _loader(ds) as run:
+        got = _take(run, limit=25)
+        state = run.state_dict()
+    with _loader(ds) as resumed:
+        resumed.load_state_dict(state)
+        got += _take(resumed)
+    assert len(got) == len(expected)
+    for (xa, ia), (xb, ib) in zip(got, expected, strict=True):
+        assert torch.equal(ia, ib) and torch.equal(xa, xb)
+
+
+@pytest.mark.timeout(60)
 def test_augmentation_rng_does_not_depend_on_the_worker() -> None:
     ds = Augmented(2000)
     with _loader(ds, num_workers=1) as one, _loader(ds, num_workers=2) as two:
@@ -182,12 +200,29 @@ def test_dict_tuple_and_string_samples() -> None:
 
 
 @pytest.mark.timeout(60)
-def test_the_first_batches_of_a_fresh_loader_go_to_different_workers() -> None:
-    # Before the slots are sized every worker gets one batch: two for the first worker
-    # left the second one idle until the first batch was in.
+def test_a_fresh_loader_loads_its_first_batch_in_halves_on_two_workers() -> None:
+    # The batch the loop waits for first is cut between both idle workers; the next one
+    # goes whole to one worker, as every later batch does.
     with _loader(Mixed(), batch_size=8, shuffle=False, num_workers=2) as loader:
         first, second = _take(loader, limit=2)
-    assert {first["worker"].unique().tolist()[0], second["worker"].unique().tolist()[0]} == {0, 1}
+    assert first["worker"].tolist() == [0] * 4 + [1] * 4
+    assert first["img"][:, 0, 0].tolist() == list(range(8)) and first["meta"][0][7] == "id7"
+    assert len(second["worker"].unique()) == 1
+
+
+class WhoBatched(Mixed):
+    def __getitems__(self, indices: list[int]) -> list[dict[str, Any]]:
+        return [self[i] for i in indices]
+
+
+@pytest.mark.timeout(60)
+def test_getitems_datasets_and_collate_fns_keep_whole_first_batches() -> None:
+    # One __getitems__ call per batch, and a collate_fn's output cannot be joined.
+    with _loader(WhoBatched(), batch_size=8, shuffle=False) as loader:
+        assert len(_take(loader, limit=1)[0]["worker"].unique()) == 1
+    with _loader(Mixed(), batch_size=8, shuffle=False,
+                 collate_fn=lambda s: torch.tensor([x["worker"] for x in s])) as loader:
+        assert len(_take(loader, limit=1)[0].unique()) == 1
 
 
 @pytest.mark.timeout(60)

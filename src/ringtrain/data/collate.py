@@ -37,6 +37,8 @@ __all__ = [
     "pack",
     "unpack",
     "spec_nbytes",
+    "join_halves",
+    "RawNumbers",
 ]
 
 #: ``alloc(nbytes) -> np.ndarray`` of ``nbytes`` uint8, 64-byte aligned when possible.
@@ -104,8 +106,15 @@ def _shape_error(what: str, samples: Sequence[Any], err: Exception) -> DataError
     )
 
 
-def default_collate(samples: Sequence[Any], alloc: Alloc = fresh_alloc) -> Any:
-    """Collate a list of samples into a batch whose arrays are written via ``alloc``."""
+class RawNumbers(list):  # type: ignore[type-arg]
+    """Numbers of one field as the samples gave them (a half of a batch: typed once the
+    two halves are joined, see :func:`join_halves`)."""
+
+
+def default_collate(samples: Sequence[Any], alloc: Alloc = fresh_alloc,
+                    raw_numbers: bool = False) -> Any:
+    """Collate a list of samples into a batch whose arrays are written via ``alloc``;
+    ``raw_numbers``: number fields stay :class:`RawNumbers`."""
     elem = samples[0]
     n = len(samples)
     if isinstance(elem, torch.Tensor):
@@ -130,18 +139,22 @@ def default_collate(samples: Sequence[Any], alloc: Alloc = fresh_alloc) -> Any:
         except (ValueError, AttributeError) as err:
             raise _shape_error("arrays", samples, err) from None
         return torch.from_numpy(arr)
-    if isinstance(elem, (bool, np.bool_)):
-        return _numbers(samples, np.dtype(np.bool_), alloc)
-    if isinstance(elem, (int, np.integer)):
-        return _numbers(samples, np.dtype(np.int64) if isinstance(elem, int) else elem.dtype, alloc)
-    if isinstance(elem, (float, np.floating)):
+    if isinstance(elem, (bool, np.bool_, int, np.integer, float, np.floating)):
+        if raw_numbers:
+            return RawNumbers(samples)
+        if isinstance(elem, (bool, np.bool_)):
+            return _numbers(samples, np.dtype(np.bool_), alloc)
+        if isinstance(elem, (int, np.integer)):
+            return _numbers(samples, np.dtype(np.int64) if isinstance(elem, int) else elem.dtype,
+                            alloc)
         return _numbers(samples, np.dtype(np.float64) if isinstance(elem, float) else elem.dtype,
                         alloc)
     if isinstance(elem, (str, bytes)):
         return list(samples)
     if isinstance(elem, Mapping):
         try:
-            return {key: default_collate([s[key] for s in samples], alloc) for key in elem}
+            return {key: default_collate([s[key] for s in samples], alloc, raw_numbers)
+                    for key in elem}
         except KeyError as err:
             raise DataError(f"samples in a batch have different keys (missing {err}); "
                             "give every sample the same keys") from None
@@ -151,7 +164,7 @@ def default_collate(samples: Sequence[Any], alloc: Alloc = fresh_alloc) -> Any:
         except ValueError:
             raise DataError(f"samples in a batch have different lengths (first has {len(elem)}); "
                             "return the same number of fields from every __getitem__") from None
-        fields = [default_collate(f, alloc) for f in transposed]
+        fields = [default_collate(f, alloc, raw_numbers) for f in transposed]
         if isinstance(elem, tuple) and hasattr(elem, "_fields"):  # namedtuple
             return type(elem)(*fields)
         return tuple(fields) if isinstance(elem, tuple) else fields
@@ -159,8 +172,21 @@ def default_collate(samples: Sequence[Any], alloc: Alloc = fresh_alloc) -> Any:
 
 
 def _numbers(samples: Sequence[Any], dtype: np.dtype, alloc: Alloc) -> torch.Tensor:
-    arr = alloc(len(samples) * dtype.itemsize).view(dtype)
-    arr[:] = samples
+    """One number per sample as a tensor of ``dtype`` (from the first sample's type).
+
+    numpy reads every value first: where they do not all have that type (``[0, 0.5]``,
+    an int first), torch's own collate decides the dtype, as under DataLoader
+    (float32 there), instead of every value being cut to the first one's type.
+    """
+    values = np.array(samples)
+    if values.dtype != dtype:
+        from torch.utils.data import default_collate as torch_collate
+
+        mixed = torch_collate(list(samples))
+        out = _torch_out(alloc(mixed.numel() * mixed.element_size()), mixed.dtype, mixed.shape)
+        return out.copy_(mixed)
+    arr = alloc(values.nbytes).view(dtype)
+    arr[:] = values
     return torch.from_numpy(arr)
 
 
@@ -193,8 +219,9 @@ class StreamCollator:
     cost more than the cache misses.
     """
 
-    def __init__(self, first: Any, n: int, alloc: Alloc) -> None:
+    def __init__(self, first: Any, n: int, alloc: Alloc, raw_numbers: bool = False) -> None:
         self.n = n
+        self._raw_numbers = raw_numbers
         self._put, self._get = self._build(first, n, alloc, "sample")
 
     def put(self, i: int, sample: Any) -> None:
@@ -224,9 +251,11 @@ class StreamCollator:
                 arr[i] = v
             return put_array, lambda: torch.from_numpy(arr)
         number = _number_dtype(elem)
-        if number is not None:
-            nums = alloc(n * number.itemsize).view(number)
-            return nums.__setitem__, lambda: torch.from_numpy(nums)
+        if number is not None:  # kept as they come, typed once all are in (see _numbers)
+            nums: list[Any] = [None] * n
+            if self._raw_numbers:
+                return nums.__setitem__, lambda: RawNumbers(nums)
+            return nums.__setitem__, lambda: _numbers(nums, number, alloc)
         if isinstance(elem, Mapping) and not isinstance(elem, (str, bytes)):
             keys = list(elem)
             subs = {k: self._build(elem[k], n, alloc, f"{where}[{k!r}]") for k in keys}
@@ -284,7 +313,7 @@ _CONTAINERS = (torch.Tensor, np.ndarray, tuple, list, dict)
 
 
 # ---- spec: how a batch travels -------------------------------------------------------
-# Leaves: ("a", offset, nbytes, dtype name, shape, is_torch); ("o", obj).
+# Leaves: ("a", offset, nbytes, dtype name, shape, is_torch); ("o", obj); ("r", numbers).
 # Nodes:  ("t", children), ("l", children), ("d", keys, children), ("n", cls, children).
 def pack(batch: Any, arena: Arena) -> tuple:
     """Describe ``batch`` as a spec over ``arena``'s buffer, copying leaves not in it."""
@@ -309,6 +338,8 @@ def pack(batch: Any, arena: Arena) -> tuple:
             np.copyto(buf.view(batch.dtype).reshape(batch.shape), batch)
             off = buf.ctypes.data - arena.base
         return ("a", off, nbytes, batch.dtype.str, batch.shape, False)
+    if type(batch) is RawNumbers:
+        return ("r", list(batch))
     if type(batch) is dict:
         return ("d", tuple(batch), tuple(pack(v, arena) for v in batch.values()))
     if isinstance(batch, tuple):
@@ -356,4 +387,52 @@ def unpack(spec: tuple, buf: np.ndarray, copy: bool = False) -> Any:
         return {k: unpack(c, buf, copy) for k, c in zip(spec[1], spec[2], strict=False)}
     if kind == "n":
         return spec[1](*(unpack(c, buf, copy) for c in spec[2]))
+    if kind == "r":
+        return default_collate(spec[1])
     return spec[1]
+
+
+# ---- halves of one batch ---------------------------------------------------------------
+def join_halves(first: tuple, first_buf: np.ndarray, second: tuple, second_buf: np.ndarray
+                ) -> tuple[tuple, np.ndarray]:
+    """One batch from the specs of its two halves, each collated by
+    :func:`default_collate` (``raw_numbers=True``) over its own buffer: ``(spec,
+    buffer)``, every array the first half's rows then the second's (one copy), numbers
+    typed as for the whole batch. Raises :class:`DataError` where the halves' samples
+    could not have been stacked into one batch either."""
+    arena = Arena(np.empty(max(1, first_buf.nbytes + second_buf.nbytes), dtype=np.uint8))
+    spec = _join(first, first_buf, second, second_buf, arena, "sample")
+    return spec, arena.buf[:arena.used]
+
+
+def _join(a: tuple, abuf: np.ndarray, b: tuple, bbuf: np.ndarray, arena: Arena,
+          where: str) -> tuple:
+    kind = a[0]
+    if kind == "a" and b[0] == "a":
+        _, aoff, an, dtype, ashape, is_torch = a
+        _, boff, bn, bdtype, bshape, _ = b
+        if dtype != bdtype or tuple(ashape[1:]) != tuple(bshape[1:]):
+            raise DataError(f"cannot stack {where} of shape {tuple(bshape[1:])} ({bdtype}) "
+                            f"with shape {tuple(ashape[1:])} ({dtype}) into one batch; pad or "
+                            "resize them in the dataset, or pass a collate_fn")
+        out = arena.alloc(an + bn)
+        out[:an] = abuf[aoff:aoff + an]
+        out[an:] = bbuf[boff:boff + bn]
+        return ("a", out.ctypes.data - arena.base, an + bn, dtype,
+                (ashape[0] + bshape[0], *ashape[1:]), is_torch)
+    if kind == "r" and b[0] == "r":
+        # Numbers typed by the whole batch's rule: [0, 1] and [0.5, 2] are float32 as
+        # [0, 1, 0.5, 2] is (see _numbers), not the halves' int64 and float64.
+        return pack(default_collate(a[1] + b[1], arena.alloc), arena)
+    if kind == "o" and b[0] == "o" and type(a[1]) is list and type(b[1]) is list:
+        return ("o", a[1] + b[1])  # strings and other objects, passed through as lists
+    if kind == "l" and b[0] == "l" and any(c[0] == "o" and type(c[1]) is not list
+                                           for c in a[1]):
+        return ("l", a[1] + b[1])  # a pass-through list of samples (arrays torch lacks)
+    if (kind not in ("t", "l", "d", "n") or kind != b[0] or len(a[-1]) != len(b[-1])
+            or a[1:-1] != b[1:-1]):
+        raise DataError(f"samples in a batch differ in structure at {where}; give every "
+                        "sample the same fields")
+    children = tuple(_join(x, abuf, y, bbuf, arena, f"{where}[{j}]")
+                     for j, (x, y) in enumerate(zip(a[-1], b[-1], strict=True)))
+    return (*a[:-1], children)  # "t", "l" (fields), "d" (keys), "n" (class): field by field

@@ -29,13 +29,13 @@ from typing import Any
 import numpy as np
 
 from ringtrain.data.ahead import Helper
-from ringtrain.data.collate import unpack
+from ringtrain.data.collate import join_halves, unpack
 from ringtrain.data.order import EpochPlan, ShardPlan
 from ringtrain.data.prefetch import DeviceStager
 from ringtrain.data.protocol import Done, Failed, Oversize
 from ringtrain.data.shm import Slot, SlotPool
 from ringtrain.data.window import DispatchWindow
-from ringtrain.data.workers import WorkerPool
+from ringtrain.data.workers import WorkerPool, halves, split_point
 from ringtrain.errors import DataError, WorkerError
 
 __all__ = ["WorkerFeed"]
@@ -77,6 +77,10 @@ class WorkerFeed:
         # Which batches go out next, under which seqs (see ringtrain.data.window).
         self._window = DispatchWindow()
         self._ready: dict[int, Answer] = {}  # seq -> answer, until the loop takes it
+        # A loader that has just started splits the batch the loop waits for between
+        # two workers (see _split_first): seq -> the halves in so far, by part.
+        self._halves = halves(dataset, worker_kwargs.get("collate_fn"))
+        self._split: dict[int, dict[int, Oversize]] = {}
         # CPU delivery: batches wrapped ahead by the helper thread, (batch index, batch).
         # Every use of the feed's state from here on holds _lock (see ringtrain.data.ahead).
         self._lock = threading.Lock()
@@ -136,7 +140,8 @@ class WorkerFeed:
             self._resize_queues()
             return
         self.pool = WorkerPool(self._dataset, **self._worker_kwargs)
-        self.pool.describe = lambda seq: self.describe(self._window.batch_of(seq))
+        self.pool.describe = lambda seq: self.describe(
+            self._window.batch_of(seq if seq >= 0 else ~seq))  # ~seq: half 2 of a split batch
         self.slots = SlotPool(self._max_slots(), on_create=self._slot_created,
                               on_retire=self._slot_retired)
         self.refs.clear()
@@ -165,6 +170,8 @@ class WorkerFeed:
         self._build_k = 0
 
     def _drop_ready(self, stale: Callable[[int], bool]) -> None:
+        for seq in [seq for seq in self._split if stale(seq)]:
+            del self._split[seq]  # halves still to come are dropped on arrival
         for seq in [seq for seq in self._ready if stale(seq)]:
             msg = self._ready.pop(seq)
             if type(msg) is Done and self.slots is not None:
@@ -187,6 +194,7 @@ class WorkerFeed:
         self._helper.stop()  # first, and without the lock: the helper may be waiting for it
         self._built.clear()
         self._ready.clear()
+        self._split.clear()
         self._window.abandon()
         if self.pool is not None:
             self.pool.close(timeout=0.5)  # a worker stuck in the dataset is terminated soon
@@ -204,6 +212,7 @@ class WorkerFeed:
         self._helper.stop()
         self._built.clear()
         self._ready.clear()
+        self._split.clear()
         if self.stager is not None:
             try:
                 self.stager.clear()
@@ -249,7 +258,7 @@ class WorkerFeed:
         deadline = None if timeout is None else time.monotonic() + timeout
         while seq not in self._ready:
             self._dispatch()
-            if seq not in pool.owner and seq not in self._ready:
+            if seq not in pool.owner and ~seq not in pool.owner and seq not in self._ready:
                 # Not even dispatched: every slot is busy; finished copies free some.
                 if self.stager is not None and self.stager.copying:
                     self.stager.reap(block=True)
@@ -331,6 +340,8 @@ class WorkerFeed:
         if self.stager is not None:
             self.stager.reap()
         prefetch = self.prefetch
+        if self._halves and not slots.sized and not pool.owner:
+            self._split_first(prefetch)
         while True:
             worker = pool.pick()
             if worker is None:
@@ -367,9 +378,55 @@ class WorkerFeed:
             pool.forget_slots(slots.retired)
             slots.retired.clear()
 
+    def _split_first(self, prefetch: int) -> None:
+        """A loader that has just started (no slots sized, nothing in flight): the batch
+        the loop waits for goes to two idle workers, a half each, so it is in after half
+        a batch's loading (see ``workers.halves``: each half is seeded from its own
+        position, so the batch is the one a single worker would load). Later batches
+        go whole: by then the workers are ahead of the loop."""
+        pool, window = self.pool, self._window
+        assert pool is not None
+        idle = [w for w in pool.active if not w.outstanding]
+        task = window.next_task(prefetch)
+        if (len(idle) < 2 or task is None
+                or not split_point(task.plan.batch_len(task.batch))):
+            return
+        for worker, key, part in ((idle[0], task.seq, 1), (idle[1], ~task.seq, 2)):
+            pool.submit(worker, key, task.plan_id, task.plan, task.batch, None, part)
+        window.sent(task)
+        self._split[task.seq] = {}
+
+    def _join(self, msg: Answer) -> Answer | None:
+        """A half of a split batch (key ``seq``: part 1, ``~seq``: part 2): the whole
+        batch once both are in, else None. A failed half fails the batch."""
+        seq, part = (~msg.seq, 2) if msg.seq < 0 else (msg.seq, 1)
+        got = self._split.get(seq)
+        if got is None:
+            return None  # dropped (a new plan), or the other half failed already
+        if type(msg) is not Oversize:
+            del self._split[seq]
+            return msg._replace(seq=seq)
+        got[part] = msg
+        if len(got) < 2:
+            return None
+        del self._split[seq]
+        first, second = got[1], got[2]
+        try:
+            spec, buf = join_halves(first.spec, np.frombuffer(first.payload, dtype=np.uint8),
+                                    second.spec, np.frombuffer(second.payload, dtype=np.uint8))
+        except DataError as err:
+            return Failed(seq, -1, f"the halves of {self.describe(self._window.batch_of(seq))}"
+                                   f" loaded by two workers do not make one batch: {err}")
+        return Oversize(seq, -1, spec, buf.nbytes, buf)
+
     def _accept(self, msg: Answer) -> None:
         slots = self.slots
         assert slots is not None
+        if msg.seq < 0 or msg.seq in self._split:
+            joined = self._join(msg)
+            if joined is None:
+                return
+            msg = joined
         if type(msg) is Oversize:
             self.fallback_batches += 1
             slots.fit(msg.nbytes, headroom=0.25 if msg.slot_id >= 0 else 0.0)

@@ -157,8 +157,9 @@ class Loader:
         rank, world_size: this process's shard; default from ``rt.init()`` or 0 / 1.
         start_method: ``"fork"`` (default on Linux), ``"forkserver"`` or ``"spawn"``.
         worker_init_fn: ``f(worker_id)`` run once in each worker.
-        seed_workers: seed ``random``/``numpy``/``torch`` in workers per batch from its
-            position, so augmentations do not depend on which worker loads it.
+        seed_workers: seed ``random``/``numpy``/``torch`` in workers per batch (per half
+            batch, see ``workers.halves``) from its position, so augmentations do not
+            depend on which worker loads it.
         zero_copy: hand out views of the shared slots (``False``: always copy out).
         keep: zero-copy batches the loop may hold at once before later ones are copied.
         pin_memory: page-lock slots for the CUDA copy (default: when device is CUDA).

@@ -183,10 +183,11 @@ class EpochPlan:
         """``indexer(batch) -> dataset indices``, computed a chunk of batches at a time."""
         return BatchIndexer(self)
 
-    def batch_seed(self, batch: int) -> int:
-        """The augmentation RNG seed of batch ``batch`` (see :func:`batch_seed`)."""
+    def batch_seed(self, batch: int, offset: int = 0) -> int:
+        """The augmentation RNG seed of batch ``batch`` from its ``offset``-th sample on
+        (see :func:`batch_seed`): seeded by the position of that sample."""
         return batch_seed(self.seed, self.epoch, self.rank,
-                          self.start + batch * self.batch_size * self.world_size)
+                          self.start + (batch * self.batch_size + offset) * self.world_size)
 
 
 class BatchIndexer:
@@ -343,10 +344,10 @@ class ShardPlan:
     def indexer(self) -> ShardIndexer:
         return ShardIndexer(self)
 
-    def batch_seed(self, batch: int) -> int:
+    def batch_seed(self, batch: int, offset: int = 0) -> int:
         # The stage count keeps a resumed stage's seeds apart from the first stage's.
         return batch_seed(self.seed, self.epoch, self.rank + (len(self.resumed) << 16),
-                          self.start + batch * self.batch_size)
+                          self.start + batch * self.batch_size + offset)
 
 
 def _range_len(n: int, world: int, batch: int, drop_last: bool) -> int:

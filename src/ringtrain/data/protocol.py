@@ -9,11 +9,14 @@ of its own type, so code reads fields by name and dispatches on the type::
       Plan(plan_id, plan)      once per plan     Done(seq, slot_id, spec)
       MapSlot(slot_id, size)   + a descriptor    Oversize(seq, slot_id, spec, nbytes)
       UnmapSlot(slot_id)                           + a descriptor (the batch)
-      Task(seq, plan_id, batch, slot_id)         Failed(seq, slot_id, message)
+      Task(seq, plan_id, batch, slot_id, part)   Failed(seq, slot_id, message)
       Stop()                                     InitFailed(message)
 
 ``seq`` numbers tasks across plans (see :mod:`ringtrain.data.window`); ``slot_id`` is
 ``-1`` when a task has no shared-memory slot yet (the first batches size the slots).
+The halves of a batch split over two workers go out as ``seq`` (part 1) and ``~seq``
+(part 2), so every task in flight has a key of its own; a worker answers with the
+key it was given.
 
 On the wire a message is a plain tuple ``(tag, *fields)`` (:func:`encode`,
 :func:`decode`): pickling a NamedTuple looks its class up by name and runs its
@@ -31,12 +34,14 @@ __all__ = ["Task", "Plan", "MapSlot", "UnmapSlot", "Stop", "Done", "Oversize", "
 
 # ---- training process -> worker ------------------------------------------------------
 class Task(NamedTuple):
-    """Load batch ``batch`` of plan ``plan_id`` into slot ``slot_id`` (``-1``: no slot)."""
+    """Load batch ``batch`` of plan ``plan_id`` into slot ``slot_id`` (``-1``: no slot);
+    ``part`` 1 or 2: only its first or second half (see ``workers.split_point``)."""
 
     seq: int
     plan_id: int
     batch: int
     slot_id: int
+    part: int = 0
 
 
 class Plan(NamedTuple):

@@ -28,6 +28,7 @@ import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from multiprocessing.connection import Connection
 from multiprocessing.reduction import recv_handle, send_handle
 from typing import Any, cast
@@ -65,7 +66,7 @@ from ringtrain.data.shm import Slot, WorkerSlots, create_shared_fd, slot_size_fo
 from ringtrain.errors import DataError, WorkerDiedError, WorkerError
 
 __all__ = ["WorkerInfo", "get_worker_info", "WorkerPool", "fetch", "load_batch", "prefetch_next",
-           "SampleError"]
+           "SampleError", "halves", "split_point"]
 
 log = logging.getLogger("ringtrain.data")
 
@@ -125,9 +126,30 @@ def prefetch_next(dataset: Any, indexer: BatchIndexer | ShardIndexer, batch: int
             dataset.prefetch(upcoming)
 
 
+def halves(dataset: Any, collate_fn: Callable[[list[Any]], Any] | None) -> bool:
+    """Whether this loader's batches come in two halves: a map-style dataset read a
+    sample at a time with the default collate. Their halves are seeded apart (each from
+    its first sample's position), so the first batch of a loader that has just started
+    can be loaded by two workers at once and still be the batch one worker would load.
+    A ``__getitems__`` dataset (one call per batch) or a ``collate_fn`` (any output)
+    keeps whole batches."""
+    return (collate_fn is None and not hasattr(dataset, "__getitems__")
+            and not hasattr(dataset, "shard_sizes"))
+
+
+def split_point(n: int) -> int:
+    """Where a batch of ``n`` samples is cut into halves (0: it is not)."""
+    return n // 2 if n >= 2 else 0
+
+
 def load_batch(dataset: Any, indices: np.ndarray,
-               collate_fn: Callable[[list[Any]], Any] | None, alloc: Alloc) -> Any:
-    """Fetch and collate one batch; large samples are copied into it as they arrive."""
+               collate_fn: Callable[[list[Any]], Any] | None, alloc: Alloc,
+               reseed: tuple[int, Callable[[], None]] | None = None,
+               half: bool = False) -> Any:
+    """Fetch and collate one batch; large samples are copied into it as they arrive.
+    ``reseed``: ``(k, f)``, call ``f()`` right before fetching the ``k``-th sample
+    (``k >= 1``; the second half's seed, see :func:`halves`). ``half``: the samples are
+    half a batch; numbers stay as given (``collate.join_halves`` types them)."""
     if collate_fn is not None:
         return collate_fn(fetch(dataset, indices))
     if hasattr(dataset, "__getitems__"):
@@ -137,13 +159,19 @@ def load_batch(dataset: Any, indices: np.ndarray,
         first = dataset[idx[0]]
     except Exception as err:
         raise SampleError(idx[0]) from err
+    cut, seed_rest = reseed if reseed is not None else (len(idx), None)
     if sample_nbytes(first) < STREAM_MIN_BYTES:
-        return default_collate([first, *fetch(dataset, indices[1:])], alloc)
-    collator = StreamCollator(first, len(idx), alloc)
+        head = fetch(dataset, indices[1:cut])
+        if seed_rest is not None:
+            seed_rest()
+        return default_collate([first, *head, *fetch(dataset, indices[cut:])], alloc, half)
+    collator = StreamCollator(first, len(idx), alloc, half)
     put = collator.put
     put(0, first)
     del first
     for k in range(1, len(idx)):
+        if k == cut and seed_rest is not None:
+            seed_rest()
         i = idx[k]
         try:
             sample = dataset[i]
@@ -181,6 +209,7 @@ def _worker_main(wid: int, num_workers: int, conn: Connection, dataset: Any,
         except OSError:
             pass
     _WORKER_INFO = WorkerInfo(wid, num_workers, seed, dataset)
+    seed_halves = seed_batches and halves(dataset, collate_fn)
     slots = WorkerSlots()
     indexers: dict[int, BatchIndexer | ShardIndexer] = {}
     if worker_init_fn is not None:
@@ -202,8 +231,8 @@ def _worker_main(wid: int, num_workers: int, conn: Connection, dataset: Any,
         except (EOFError, OSError):
             return
         if type(msg) is Task:
-            _run_task(conn, msg.seq, indexers[msg.plan_id], msg.batch, msg.slot_id, slots,
-                      dataset, collate_fn, seed_batches)
+            _run_task(conn, msg, indexers[msg.plan_id], slots, dataset, collate_fn,
+                      seed_halves, seed_batches)
         elif type(msg) is Plan:
             # Tasks of the plan before this one may still be queued: keep its indexer.
             indexers = {k: v for k, v in indexers.items() if k >= msg.plan_id - 1}
@@ -222,21 +251,29 @@ def _indexer(plan: EpochPlan | ShardPlan) -> BatchIndexer | ShardIndexer:
     return plan.indexer()
 
 
-def _run_task(conn: Connection, seq: int, indexer: BatchIndexer | ShardIndexer, batch: int,
-              slot_id: int, slots: WorkerSlots, dataset: Any,
-              collate_fn: Callable[[list[Any]], Any] | None, seed_batches: bool) -> None:
-    plan = indexer.plan
+def _run_task(conn: Connection, task: Task, indexer: BatchIndexer | ShardIndexer,
+              slots: WorkerSlots, dataset: Any, collate_fn: Callable[[list[Any]], Any] | None,
+              seed_halves: bool, seed_batches: bool) -> None:
+    plan, seq, batch, slot_id = indexer.plan, task.seq, task.batch, task.slot_id
     try:
         indices = indexer(batch)
         prefetch_next(dataset, indexer, batch)
-        seed = plan.batch_seed(batch)
+        cut = split_point(len(indices)) if seed_halves or task.part else 0
+        if task.part:  # one half of the batch (a worker has the other one)
+            indices = indices[:cut] if task.part == 1 else indices[cut:]
+        # The seeds of the batch's halves (see halves()): the first half's is the
+        # batch's own seed, so a batch that is not cut is seeded as it always was.
+        seed = plan.batch_seed(batch, cut if task.part == 2 else 0)
+        reseed = None
         if seed_batches:
             _seed_batch(seed)
+            if cut and not task.part:
+                reseed = (cut, partial(_seed_batch, plan.batch_seed(batch, cut)))
         out: Any = None
         if slot_id >= 0:
             arena = Arena(slots.array(slot_id))
             try:
-                out = load_batch(dataset, indices, collate_fn, arena.alloc)
+                out = load_batch(dataset, indices, collate_fn, arena.alloc, reseed)
                 conn.send(encode(Done(seq, slot_id, pack(out, arena))))
                 return
             except SlotFull:
@@ -246,7 +283,7 @@ def _run_task(conn: Connection, seq: int, indexer: BatchIndexer | ShardIndexer, 
             # makes the samples fetched again identical to the first ones.
             if seed_batches:
                 _seed_batch(seed)
-            out = load_batch(dataset, indices, collate_fn, fresh_alloc)
+            out = load_batch(dataset, indices, collate_fn, fresh_alloc, reseed, task.part > 0)
         _send_in_own_file(conn, seq, slot_id, out)
     except SampleError as err:
         cause = err.__cause__ or err
@@ -392,7 +429,8 @@ class WorkerPool:
         return best
 
     def submit(self, w: _Worker, seq: int, plan_id: int, plan: EpochPlan | ShardPlan, batch: int,
-               slot: Slot | None) -> None:
+               slot: Slot | None, part: int = 0) -> None:
+        """Send ``w`` the task ``seq`` (for part 2 of a split batch: ``~seq``)."""
         try:
             if plan_id not in w.plans:
                 w.conn.send(encode(Plan(plan_id, plan)))
@@ -401,7 +439,7 @@ class WorkerPool:
                 w.conn.send(encode(MapSlot(slot.id, slot.size)))
                 send_handle(w.conn, slot.fd, w.proc.pid)
                 w.slots.add(slot.id)
-            w.conn.send(encode(Task(seq, plan_id, batch, -1 if slot is None else slot.id)))
+            w.conn.send(encode(Task(seq, plan_id, batch, -1 if slot is None else slot.id, part)))
         except OSError:
             self._raise_died(w, seq)
         w.outstanding.add(seq)

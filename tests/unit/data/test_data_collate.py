@@ -16,6 +16,7 @@ from ringtrain.data.collate import (
     StreamCollator,
     default_collate,
     fresh_alloc,
+    join_halves,
     pack,
     sample_nbytes,
     spec_nbytes,
@@ -25,6 +26,19 @@ from ringtrain.data.workers import SampleError, load_batch
 from ringtrain.errors import DataError
 
 Pair = namedtuple("Pair", "x y")
+
+
+@pytest.mark.parametrize("values", [[0, 0.5, 1], [0.5, 0, 1], [True, 2], [1, True],
+                                    [True, False], [np.int32(1), 2**40], [1, np.float32(0.5)],
+                                    [np.uint8(3), np.uint8(4)], [1, 2], [1.0, 2.0]])
+def test_numbers_have_torchs_collate_dtype_and_keep_their_values(values: list[Any]) -> None:
+    # An int first and floats later were cut to ints ([0, 0.5, 1] -> [0, 0, 1]).
+    want = torch.utils.data.default_collate(values)
+    streamed = StreamCollator(values[0], len(values), fresh_alloc)
+    for i, v in enumerate(values):
+        streamed.put(i, v)
+    for got in (default_collate(values), streamed.result()):
+        assert got.dtype == want.dtype and torch.equal(got, want)
 
 
 def test_tuple_of_array_and_int() -> None:
@@ -154,3 +168,78 @@ def test_load_batch_streams_large_samples_and_names_failing_indices() -> None:
     with pytest.raises(SampleError) as info:
         load_batch(Big(), np.array([3, 7]), None, fresh_alloc)
     assert info.value.index == 7 and isinstance(info.value.__cause__, OSError)
+
+
+# ---- a batch from its two halves -------------------------------------------------------
+def _packed(samples: list[Any], stream: bool = False) -> tuple[tuple, np.ndarray]:
+    # as a worker collates half a batch: numbers stay raw
+    arena = Arena(np.zeros(1 << 20, dtype=np.uint8))
+    if stream:
+        collator = StreamCollator(samples[0], len(samples), arena.alloc, raw_numbers=True)
+        for i, s in enumerate(samples):
+            collator.put(i, s)
+        return pack(collator.result(), arena), arena.buf
+    return pack(default_collate(samples, arena.alloc, raw_numbers=True), arena), arena.buf
+
+
+def _same(a: Any, b: Any) -> None:
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
+    elif isinstance(a, np.ndarray):
+        assert isinstance(b, np.ndarray) and a.dtype == b.dtype and np.array_equal(a, b)
+    elif isinstance(a, dict):
+        assert list(a) == list(b)
+        for k in a:
+            _same(a[k], b[k])
+    elif isinstance(a, (tuple, list)):
+        assert type(a) is type(b) and len(a) == len(b)
+        for x, y in zip(a, b, strict=True):
+            _same(x, y)
+    else:
+        assert a == b
+
+
+@pytest.mark.parametrize("make", [
+    lambda i: (np.full((2, 3), i, np.uint8), i),
+    lambda i: {"img": torch.full((3,), float(i)), "name": f"n{i}", "w": 0.5 * i, "ok": i % 2 == 0},
+    lambda i: Pair(torch.tensor([i, i]), [np.float32(i), f"s{i}"]),
+    lambda i: [np.array([f"u{i}"]), i],  # a numpy dtype torch lacks: passed through per sample
+    lambda i: (None, np.int16(i)),
+    lambda i: (i % 3 == 0, 0.5 * i if i > 2 else i),  # ints, then floats: float32 as torch
+    lambda i: 0.5 if i == 0 else i,  # a float, then ints: float64
+], ids=["tuple", "dict", "namedtuple-list", "passthrough-arrays", "none", "int-then-float",
+        "float-then-int"])
+@pytest.mark.parametrize("n,cut", [(7, 3), (8, 4), (2, 1)])
+@pytest.mark.parametrize("stream", [False, True], ids=["list", "streamed"])
+def test_joined_halves_are_the_batch_collated_whole(make: Any, n: int, cut: int,
+                                                    stream: bool) -> None:
+    samples = [make(i) for i in range(n)]
+    whole = default_collate(samples)
+    (sa, ba), (sb, bb) = _packed(samples[:cut], stream), _packed(samples[cut:], stream)
+    spec, buf = join_halves(sa, ba, sb, bb)
+    _same(whole, unpack(spec, buf))
+
+
+def test_joined_numbers_follow_the_whole_batchs_rule() -> None:
+    # Every way of cutting mixed bools, ints and floats gives torch's collate of the
+    # whole list, dtype and value (a half typed alone would round or widen them).
+    rng = np.random.default_rng(1)
+    kinds = [lambda: bool(rng.integers(2)), lambda: int(rng.integers(6)), lambda: float(rng.random())]
+    for _ in range(300):
+        values = [kinds[rng.integers(3)]() for _ in range(int(rng.integers(2, 9)))]
+        want = torch.utils.data.default_collate(values)
+        cut = len(values) // 2
+        spec, buf = join_halves(*_packed(values[:cut]), *_packed(values[cut:]))
+        got = unpack(spec, buf)
+        assert got.dtype == want.dtype and torch.equal(got, want), values
+
+
+def test_halves_that_could_not_be_one_batch_are_a_clear_error() -> None:
+    a = _packed([(np.zeros(3, np.float32), 0)] * 2)
+    b = _packed([(np.zeros(4, np.float32), 0)] * 2)
+    with pytest.raises(DataError, match=r"cannot stack sample\[0\] of shape \(4,\)"):
+        join_halves(*a, *b)
+    c = _packed([{"x": 1}] * 2)
+    d = _packed([{"y": 1}] * 2)
+    with pytest.raises(DataError, match="differ in structure"):
+        join_halves(*c, *d)
