@@ -46,6 +46,7 @@ __all__ = [
     "device",
     "init",
     "is_initialized",
+    "job_world",
     "local_rank",
     "local_size",
     "rank",
@@ -557,6 +558,26 @@ def _wait_for_everyone_to_leave(store: dist.Store, w: World) -> None:
 
 def is_initialized() -> bool:
     return _world is not None
+
+
+def job_world() -> tuple[int, int, int]:
+    """(rank, size, processes on this host) of the job this process is in, for the parts
+    that work without ``rt.init()`` (the loader's shard, the learning-rate rule).
+
+    ringtrain's world after ``rt.init()``; else a process group the script started
+    itself (``torch.distributed.init_process_group``, a torchrun script that uses
+    ``rt.data.Loader`` or ``rt.scale_lr`` without ``rt.init()``: taken for one process,
+    every rank read the whole dataset); else one process.
+    """
+    if _world is not None:
+        return _world.env.rank, _world.env.size, _world.env.local_size
+    if dist.is_available() and dist.is_initialized():
+        try:
+            local = parse_env(os.environ).local_size
+        except Exception:  # only the CPU budget's share: an odd environment is one process
+            local = 1
+        return dist.get_rank(), dist.get_world_size(), local
+    return 0, 1, 1
 
 
 def world() -> World:

@@ -16,7 +16,7 @@ __all__ = ["scale_lr", "warmup", "warmup_factor"]
 
 
 def _world_size() -> int:
-    return runtime.size() if runtime.is_initialized() else 1
+    return runtime.job_world()[1]
 
 
 def scale_lr(base_lr: float, factor: float | None = None) -> float:

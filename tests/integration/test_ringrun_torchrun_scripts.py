@@ -4,6 +4,7 @@ failed every time with EADDRINUSE because ringrun held rank 0's MASTER_PORT)."""
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
 import uuid
@@ -57,4 +58,24 @@ def test_torchrun_script_under_ringrun_trains_as_under_torchrun(
     assert got.keys() == torchrun_weights.keys()
     for key, want in torchrun_weights.items():
         assert torch.equal(got[key], want), key
+    assert_no_orphans(marker)
+
+
+@pytest.mark.timeout(120)
+def test_loader_and_lr_rule_see_a_process_group_the_script_started() -> None:
+    # Without rt.init() they took the job for one process: every rank read the whole
+    # dataset and the learning rate was not scaled.
+    marker = uuid.uuid4().hex
+    script = str(Path(__file__).parent / "scripts" / "loader_without_init.py")
+    res = subprocess.run([str(BIN / "ringrun"), "-np", "2", "python", script],
+                         capture_output=True, text=True, timeout=100, env=env_for(marker))
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    shards = {}
+    for line in res.stdout.splitlines():
+        if " samples " in line:
+            rank = int(line.split("rank ")[1].split()[0])
+            shards[rank] = ast.literal_eval(line.split("samples ")[1].split(" lr")[0])
+            assert line.endswith("lr 0.2"), line
+    assert sorted(shards) == [0, 1] and len(shards[0]) == len(shards[1]) == 10
+    assert sorted(shards[0] + shards[1]) == list(range(20))
     assert_no_orphans(marker)

@@ -44,14 +44,9 @@ _STATE_VERSION = 1
 
 
 def _runtime_world() -> tuple[int, int, int]:
-    """(rank, world size, processes on this host) from the runtime, else a 1-process world."""
-    try:
-        from ringtrain import runtime
-        if runtime.is_initialized():
-            return runtime.rank(), runtime.size(), runtime.local_size()
-    except Exception:  # runtime missing or half-initialised: behave as one process
-        pass
-    return 0, 1, 1
+    """(rank, world size, processes on this host): see ringtrain.runtime.job_world."""
+    from ringtrain import runtime
+    return runtime.job_world()
 
 
 def _runtime_device() -> torch.device:
