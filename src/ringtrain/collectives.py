@@ -127,10 +127,14 @@ def _fail(what: str, name: str | None, tensor: torch.Tensor | None, exc: Excepti
 
 def staged(tensor: torch.Tensor) -> torch.Tensor:
     """The tensor to hand the backend: NCCL moves only CUDA tensors, so a CPU tensor
-    (a metric, a checkpoint's bytes) travels through this rank's GPU."""
+    (a metric, a checkpoint's bytes) travels through this rank's GPU; and the backends
+    read a tensor's storage as if it were dense, so a strided view (``t[::2]``) travels
+    as a dense copy (Gloo reduced the wrong elements of one: pytorch's own
+    ``dist.all_reduce`` does too). Callers copy the result back when it is not
+    ``tensor``."""
     if tensor.device.type == "cpu" and runtime.world().backend == "nccl":
-        return tensor.to(runtime.device())
-    return tensor
+        return tensor.to(runtime.device(), memory_format=torch.contiguous_format)
+    return tensor.contiguous()
 
 
 # How an ``algorithm=`` name becomes an allreduce: the strategy table of

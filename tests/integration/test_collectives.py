@@ -25,6 +25,17 @@ def _collectives() -> dict[str, object]:
     inplace = t.clone()
     rt.allreduce_(inplace, op=rt.Sum)
     out["inplace"] = inplace
+    # In-place on strided views: only the view's elements change, reduced (Gloo alone
+    # reduced the wrong elements of one), whichever algorithm.
+    strided = {}
+    for algo in ("native", "ring", "ps"):
+        base = torch.stack([_local(r)] * 3, dim=1)  # (7, 3): column views are strided
+        rt.allreduce_(base[::2, 1], op=rt.Sum, algorithm=algo)
+        strided[algo] = base
+    out["strided"] = strided
+    cast = torch.stack([_local(r)] * 2, dim=1)
+    rt.broadcast_(cast[:, 0], root_rank=1)
+    out["broadcast_strided"] = cast
     handles = [rt.allreduce_async(t * k, op=rt.Sum) for k in (1, 2)]
     out["async"] = [rt.synchronize(h) for h in handles]
     out["untouched"] = torch.equal(t, _local(r))  # out-of-place forms leave the input alone
@@ -57,6 +68,13 @@ def test_collectives_match_local_reference(n: int) -> None:
         torch.testing.assert_close(out["average"], total / n)
         torch.testing.assert_close(out["sum"], total)
         torch.testing.assert_close(out["inplace"], total)
+        for algo, base in out["strided"].items():
+            want = torch.stack([locals_[r]] * 3, dim=1)
+            want[::2, 1] = total[::2]
+            assert torch.equal(base, want), algo
+        want = torch.stack([locals_[r], locals_[r]], dim=1)
+        want[:, 0] = locals_[1]
+        assert torch.equal(out["broadcast_strided"], want)
         torch.testing.assert_close(out["min"], torch.stack(locals_).min(0).values)
         torch.testing.assert_close(out["max"], torch.stack(locals_).max(0).values)
         torch.testing.assert_close(out["async"][1], 2 * total)
