@@ -19,10 +19,19 @@ How a step flows:
 2. When every parameter of a fusion bucket is ready, :mod:`ringtrain.fusion` packs the
    bucket and its asynchronous exchange starts while backward goes on. Without
    compression each ``.grad`` becomes a view of the bucket (as DDP's
-   ``gradient_as_bucket_view``), so read gradients only after ``synchronize()``.
-   Buckets start in plan order on every rank, so ranks issue the same sequence.
-3. ``step()`` (or ``synchronize()``) starts the buckets still pending (parameters that
-   got no gradient contribute zeros), waits for all, and runs the wrapped optimizer.
+   ``gradient_as_bucket_view``). Buckets start in plan order on every rank, so ranks
+   issue the same sequence.
+3. ``sync_at="backward"`` (the default): when the backward that completes the step
+   (the ``backward_passes_per_step``-th) ends, the buckets still pending start
+   (parameters that got no gradient contribute zeros) and backward returns once all
+   are in, as under DDP: ``.grad`` then holds the combined gradient, so clipping,
+   ``GradScaler.unscale_`` or a collective between ``backward()`` and ``step()`` see
+   the same gradients on every rank. ``sync_at="step"`` (Horovod's, and
+   ``ringtrain.horovod``'s): that happens in ``step()`` or ``synchronize()``, and
+   gradients must be read only after ``synchronize()``.
+4. ``step()`` runs the wrapped optimizer on the combined gradients. ``zero_grad()``
+   after the exchange and before ``step()`` drops the step (a skipped update, as
+   GradScaler does on an overflow); during an accumulation it is an error.
 
 Sparse gradients (``nn.Embedding(sparse=True)``) are exchanged as Horovod does: the
 indices and values of every rank are gathered and summed (``sparse_as_dense=True``
@@ -37,7 +46,9 @@ import contextlib
 import threading
 import time
 import warnings
+import weakref
 from collections.abc import Callable, Iterable, Iterator
+from functools import partial
 from typing import Any
 
 import torch
@@ -78,6 +89,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
         strategy: ``"native"`` / ``"ring"`` / ``"ps"`` or a strategy object.
         fusion_mb: megabytes per fused bucket (default ``RINGTRAIN_FUSION_MB``, 25).
         sparse_as_dense: exchange sparse gradients as dense ones.
+        sync_at: ``"backward"``: ``.grad`` holds the combined gradient when the backward
+            that completes a step returns (DDP's semantics); ``"step"``: at ``step()`` or
+            ``synchronize()`` (Horovod's).
         **strategy_options: options of the chosen strategy (``ps_servers``, ...).
     """
 
@@ -99,6 +113,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         strategy: str | collectives.AllreduceAlgorithm = "native",
         fusion_mb: float | None = None,
         sparse_as_dense: bool = False,
+        sync_at: str = "backward",
         **strategy_options: Any,
     ) -> None:
         if isinstance(optimizer, DistributedOptimizer):
@@ -113,6 +128,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 + (" (pass strategy= by keyword)" if isinstance(compression, str) else "")
             )
         _check_passes(backward_passes_per_step)
+        if sync_at not in ("backward", "step"):
+            raise ConfigError(f"sync_at must be 'backward' (gradients combined when backward() "
+                              f"returns, as DDP) or 'step' (in step(), as Horovod), got {sync_at!r}")
         runtime.world()  # raises NotInitializedError with a hint when rt.init() was not called
         self._inner = optimizer
         self._op = op
@@ -140,7 +158,11 @@ class DistributedOptimizer(torch.optim.Optimizer):
         )
         self._passes = [0] * len(params)
         self._next_launch = 0
-        self._synchronized = False
+        self.sync_at = sync_at
+        self._complete = False  # a parameter reached backward_passes_per_step this step
+        self._end_queued = False  # the end-of-backward callback of this pass is queued
+        self._synchronized = False  # this step's exchange is done
+        self._user_synchronized = False  # ... by the script's own synchronize()
         self._steps = 0
         self._sparse: set[int] = set()  # agreed sparse parameters: gathered, not bucketed
         self._seen_sparse: set[int] = set()  # sparse gradients met by this rank this step
@@ -154,9 +176,20 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self.last_update_s = 0.0
         #: Called as ``fn(bucket_name, nbytes, t_launch, t_done)`` after each bucket's exchange.
         self.exchange_listeners: list[Callable[[str, int, float, float], None]] = []
-        self._hook_handles = [
-            p.register_post_accumulate_grad_hook(self._make_hook(i)) for i, p in enumerate(params)
-        ]
+        # The hooks reach this optimizer through a weak reference and go with it: an
+        # optimizer built again for the same model (a new phase, a new learning-rate
+        # recipe) used to leave the old one's hooks counting passes on the parameters.
+        # A newer optimizer over a parameter takes it over from a live older one.
+        me = weakref.ref(self)
+        self._hook_handles = [p.register_post_accumulate_grad_hook(_hook(me, i))
+                              for i, p in enumerate(params)]
+        weakref.finalize(self, _remove_all, list(self._hook_handles))
+        self._retired = False
+        for p in params:
+            previous = _owner(p)
+            if previous is not None and previous is not self:
+                previous._retire()
+            _OWNER[id(p)] = (weakref.ref(p, partial(_forget, id(p))), me)
 
     # -- the wrapped optimizer's state is ours ------------------------------------------
     # Properties, not copies: torch's load_state_dict replaces the containers, and a
@@ -237,18 +270,20 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
     # -- backward side ------------------------------------------------------------------
 
-    def _make_hook(self, index: int) -> Callable[[torch.Tensor], None]:
-        def hook(_param: torch.Tensor) -> None:
-            self._on_grad_ready(index)
-
-        return hook
+    def _retire(self) -> None:
+        """A newer DistributedOptimizer covers some of our parameters: stop counting."""
+        _remove_all(self._hook_handles)
+        self._retired = True
 
     def _on_grad_ready(self, index: int) -> None:
         with self._lock:
             if self._synchronized:
                 raise ConfigError(
-                    f"backward() reached parameter {self._names[index]!r} after synchronize() and "
-                    "before step(): call step() (inside skip_synchronize()) first"
+                    f"backward() reached parameter {self._names[index]!r} after this step's "
+                    "gradients were exchanged (by synchronize(), or by the backward that "
+                    f"completed the step: backward_passes_per_step={self.backward_passes_per_step})"
+                    " and before step(): call step() first, or zero_grad() to drop the step; "
+                    "to accumulate more passes raise backward_passes_per_step"
                 )
             self._passes[index] += 1
             count = self._passes[index]
@@ -258,6 +293,12 @@ class DistributedOptimizer(torch.optim.Optimizer):
                     f"backward_passes_per_step={self.backward_passes_per_step}; call step() "
                     "after that many passes or raise backward_passes_per_step"
                 )
+            if self.sync_at == "backward" and not self._end_queued:
+                # Runs once this backward has finished, as DDP's reducer finalises there.
+                self._end_queued = True
+                torch.autograd.Variable._execution_engine.queue_callback(self._backward_ended)
+            if count == self.backward_passes_per_step:
+                self._complete = True
             if count < self.backward_passes_per_step or index not in self._fusion.bucket_of:
                 return  # still accumulating, or a sparse parameter (gathered at synchronize)
             bucket, _ = self._fusion.bucket_of[index]
@@ -311,10 +352,22 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._fusion.launch(bucket)
         self._next_launch += 1
 
+    def _backward_ended(self) -> None:
+        """End of a backward pass (``sync_at="backward"``): the pass that completes the
+        step waits for the exchange, so ``.grad`` is combined when ``backward()`` returns."""
+        self._end_queued = False
+        if self._complete:
+            self._finish_exchange()
+
     # -- step side ----------------------------------------------------------------------
 
     def synchronize(self) -> None:
         """Finish this step's gradient exchange; afterwards ``.grad`` holds the result."""
+        self._check_live()
+        self._finish_exchange()
+        self._user_synchronized = True
+
+    def _finish_exchange(self) -> None:
         if self._synchronized:
             return
         t0 = time.perf_counter()
@@ -401,7 +454,10 @@ class DistributedOptimizer(torch.optim.Optimizer):
             bucket.handle = None
         self._passes = [0] * len(self._params)
         self._next_launch = 0
+        self._complete = False
+        self._end_queued = False  # a backward that raised never ran its callback
         self._synchronized = False
+        self._user_synchronized = False
         self._seen_sparse = set()
         self._densified = set()
         self._steps += 1
@@ -419,7 +475,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
     @contextlib.contextmanager
     def skip_synchronize(self) -> Iterator[None]:
-        """Run ``step()`` without exchanging again (after an explicit ``synchronize()``)."""
+        """Run ``step()`` without the warning for a ``synchronize()`` the script called
+        (Horovod's recipe for clipping: ``synchronize()``, clip, then ``step()`` in here)."""
         if not self._synchronized:
             raise ConfigError(
                 "skip_synchronize() without synchronize(): call opt.synchronize() first, "
@@ -431,8 +488,16 @@ class DistributedOptimizer(torch.optim.Optimizer):
         finally:
             self._skip_next_sync = False
 
+    def _check_live(self) -> None:
+        if self._retired:
+            raise ConfigError(
+                "this DistributedOptimizer was replaced: a newer one wraps some of the same "
+                "parameters, and only the newest exchanges their gradients; step the new one "
+                "(or wrap disjoint parameters in each)")
+
     def step(self, closure: Callable[[], float] | None = None) -> Any:  # type: ignore[override]
-        if self._synchronized and not self._skip_next_sync:
+        self._check_live()
+        if self._user_synchronized and not self._skip_next_sync:
             # Horovod warns here: gradients changed after synchronize() (clipping) are
             # used as they are, which is what the script wants only inside skip_synchronize().
             warnings.warn(
@@ -441,7 +506,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 "consider using optimizer.skip_synchronize() context if you use "
                 "optimizer.synchronize() in your code.", stacklevel=2)
         self._skip_next_sync = False
-        self.synchronize()
+        self._finish_exchange()
         t0 = time.perf_counter()
         try:
             result = self._inner.step(closure) if closure is not None else self._inner.step()
@@ -461,10 +526,15 @@ class DistributedOptimizer(torch.optim.Optimizer):
         if any(self._passes) and not self._synchronized:
             raise ConfigError(
                 "zero_grad() was called after backward() and before step(): this step's "
-                "gradients are already being exchanged with the other ranks. Call "
+                "gradients are being accumulated or exchanged with the other ranks. Call "
                 "zero_grad() before backward() (or after step()); with gradient "
                 "accumulation, after the step that ends it"
+                + ("; to skip a step, call synchronize() first" if self.sync_at == "step" else "")
             )
+        if self._synchronized:
+            # The exchange is done and no step() came: the script skips this update
+            # (GradScaler found an inf, a non-finite norm). The next backward starts a step.
+            self._reset()
         self._inner.zero_grad(set_to_none=set_to_none)
 
     def state_dict(self) -> dict[str, Any]:
@@ -518,3 +588,33 @@ class DistributedOptimizer(torch.optim.Optimizer):
 def _check_passes(passes: Any) -> None:
     if isinstance(passes, bool) or not isinstance(passes, int) or passes < 1:
         raise ConfigError(f"backward_passes_per_step must be an int >= 1, got {passes!r}")
+
+
+#: The newest DistributedOptimizer over each parameter, by id (see __init__; a
+#: WeakKeyDictionary would compare tensors with ==).
+_OWNER: dict[int, tuple[weakref.ref[torch.Tensor], weakref.ref[DistributedOptimizer]]] = {}
+
+
+def _owner(param: torch.Tensor) -> DistributedOptimizer | None:
+    entry = _OWNER.get(id(param))
+    if entry is None or entry[0]() is not param:
+        return None
+    return entry[1]()
+
+
+def _forget(key: int, _ref: Any) -> None:
+    _OWNER.pop(key, None)
+
+
+def _hook(owner: weakref.ref[DistributedOptimizer], index: int) -> Callable[[torch.Tensor], None]:
+    def hook(_param: torch.Tensor) -> None:
+        opt = owner()
+        if opt is not None:
+            opt._on_grad_ready(index)
+
+    return hook
+
+
+def _remove_all(handles: list[Any]) -> None:
+    for handle in handles:
+        handle.remove()

@@ -273,14 +273,16 @@ def _zero_grad_mid_step() -> str:
 
     model = torch.nn.Linear(3, 1)
     opt = rt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
-                                  named_parameters=model.named_parameters())
+                                  named_parameters=model.named_parameters(),
+                                  backward_passes_per_step=2)
     model(torch.ones(2, 3)).sum().backward()
-    try:
+    try:  # mid-accumulation (test_optimizer_ddp_patterns has the other cases)
         opt.zero_grad()
     except rt.errors.ConfigError as exc:
         message = str(exc)
     else:
         message = ""
+    model(torch.ones(2, 3)).sum().backward()
     opt.step()
     opt.zero_grad()  # after step(): fine
     try:

@@ -105,6 +105,9 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name: a factory, as Horovod'
         op=collectives.Average if op == Average else collectives.Sum,
         gradient_predivide_factor=gradient_predivide_factor, strategy=strategy,
         sparse_as_dense=sparse_as_dense,
+        # Horovod's semantics: the exchange finishes in step()/synchronize(), so a
+        # script may run other backward passes (or other work) before it.
+        sync_at="step",
     )
     wrapped.__dict__["_parameter_names"] = {p: n for n, p in pairs}
     return wrapped
