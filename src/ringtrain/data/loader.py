@@ -234,6 +234,11 @@ class Loader:
         # The world size _start counts in (a sharded position is per rank), None at an
         # epoch's start (any world); it differs after the job changed size mid-epoch.
         self._start_world: int | None = None
+        # The epoch whose last batch the loop received, while the loader stands at the
+        # start of the next one: recorded in state_dict(); and from a restored state,
+        # the epoch set_epoch() finds nothing left in.
+        self._finished: int | None = None
+        self._restored_finished: int | None = None
         self._plan: EpochPlan | ShardPlan | None = None
         self._gen = 0
         self._active = False
@@ -259,12 +264,25 @@ class Loader:
         return epoch_batches(len(self.dataset), self.batch_size, world, self.drop_last)
 
     def set_epoch(self, epoch: int) -> None:
-        """Use ``epoch``'s order for the next iteration (keeps a resumed position)."""
+        """Use ``epoch``'s order for the next iteration (keeps a resumed position).
+
+        The epoch whose last batch the loop had received when the state was saved (a
+        checkpoint at the end of an epoch, resumed with the epoch the loop was in) has
+        nothing left: iterating it yields no batch, as for any other saved position in
+        it, instead of running it again.
+        """
         if not isinstance(epoch, int) or epoch < 0:
             raise DataError(f"epoch must be an int >= 0, got {epoch!r}")
-        if epoch != self._epoch:
+        finished, self._restored_finished = self._restored_finished, None
+        if epoch == finished and self._epoch == epoch + 1 and self._start == 0:
+            self._finished = None
+            self._epoch, self._start, self._resumed = epoch, self._end_of(epoch), ()
+            self._start_world = self._shard()[1]
+            self._plan = None
+        elif epoch != self._epoch:
             self._epoch, self._start, self._resumed, self._start_world = epoch, 0, (), None
             self._plan = None
+            self._finished = None
 
     @property
     def epoch(self) -> int:
@@ -284,6 +302,7 @@ class Loader:
                 "drop_last=False")
         self._gen += 1
         self._plan = plan
+        self._finished = self._restored_finished = None
         self._yielded = self._staged = 0
         self._indexer = plan.indexer()
         self._gap_from = None
@@ -304,11 +323,15 @@ class Loader:
         else:
             epoch, position, resumed = self._epoch, self._start, self._resumed
             world = self._start_world or self._shard()[1]
+        raw_epoch = epoch
         epoch, position, resumed = self._normalise(epoch, position, resumed, world)
+        finished = raw_epoch if epoch > raw_epoch else self._finished
         state: dict[str, Any] = {
             "version": _STATE_VERSION, "epoch": epoch, "position": position, "seed": self.seed,
             "shuffle": self.shuffle, "num_samples": len(self.dataset),
             "batch_size": self.batch_size, "world_size": world, "drop_last": self.drop_last}
+        if finished is not None and position == 0 and not resumed and finished == epoch - 1:
+            state["finished_epoch"] = finished  # its last batch was received (see set_epoch)
         if self._sharded:
             # position: samples this rank has consumed of its range (see ShardPlan)
             state["layout"] = "shards"
@@ -342,6 +365,10 @@ class Loader:
         if self._active:
             self._abandon()
         self._epoch, self._start, self._resumed = self._normalise(epoch, position, resumed)
+        finished = state.get("finished_epoch")
+        self._finished = self._restored_finished = (
+            int(finished) if isinstance(finished, int) and self._start == 0
+            and self._epoch == finished + 1 else self._epoch - 1 if self._epoch > epoch else None)
         # A resizable job may restore before its world re-forms: pin the world size this
         # position counts in, so the next iteration (or state_dict) re-cuts it if it changed.
         self._start_world = self._shard()[1]
@@ -475,6 +502,14 @@ class Loader:
         batches = per_rank // self.batch_size if self.drop_last else -(-per_rank // self.batch_size)
         return (epoch + 1, 0, ()) if position >= n or batches <= 0 else (epoch, position, ())
 
+    def _end_of(self, epoch: int) -> int:
+        """The position after the last batch of ``epoch`` in this world (the loop has
+        had every batch of it)."""
+        if self._sharded:
+            return ShardPlan(self._shard_sizes(), self.batch_size, self._shard()[1], 0,
+                             drop_last=self.drop_last).range_len
+        return len(self.dataset)
+
     def _describe(self, k: int) -> str:
         plan = self._plan
         if plan is None or not 0 <= k < plan.num_batches:
@@ -504,6 +539,7 @@ class Loader:
             self._active = False
             self._epoch, self._start, self._resumed = plan.epoch + 1, 0, ()
             self._start_world = None
+            self._finished = plan.epoch
             raise StopIteration
         t0 = time.perf_counter()
         try:

@@ -134,6 +134,40 @@ def test_state_after_a_full_epoch_points_at_the_next() -> None:
     assert loader.state_dict()["epoch"] == 2  # last batch handed out: epoch 1 is done
 
 
+@pytest.mark.parametrize("where", ["last batch", "after the loop"])
+@pytest.mark.parametrize("resume_at", ["saved epoch", "next epoch"])
+def test_a_checkpoint_at_an_epochs_end_resumes_without_running_it_again(
+        where: str, resume_at: str) -> None:
+    # The loop saves {"epoch": e, "loader": state} at its last batch (or after it) and
+    # resumes with set_epoch(e): epoch e has nothing left (it ran again before), as a
+    # loop that resumes with set_epoch(e + 1) sees too.
+    ref = make(100)
+    expected = [indices_of(ref) for _ in range(2)][1]  # epoch 1
+    run = make(100)
+    it = iter(run)
+    for _ in range(len(run)):
+        next(it)
+    if where == "after the loop":
+        assert next(it, None) is None
+    saved_epoch, state = 0, run.state_dict()
+    resumed = make(100)
+    resumed.load_state_dict(state)
+    got = []
+    for epoch in range(saved_epoch if resume_at == "saved epoch" else saved_epoch + 1, 2):
+        resumed.set_epoch(epoch)
+        got.append(indices_of(resumed))
+    assert got[-1] == expected and sum(len(g) for g in got) == len(expected)
+
+
+def test_set_epoch_again_in_the_same_loader_runs_the_whole_epoch() -> None:
+    # Only a restored state skips its finished epoch: a loop that evaluates with
+    # set_epoch(0) each time gets every batch each time.
+    loader = make(100)
+    first = indices_of(loader)
+    loader.set_epoch(0)
+    assert indices_of(loader) == first
+
+
 def test_resume_with_another_world_size_covers_the_rest() -> None:
     olds = [make(999, rank=r, world_size=3) for r in range(3)]
     seen = []
