@@ -334,6 +334,14 @@ class DistributedOptimizer(torch.optim.Optimizer):
             return None
         return grad
 
+    def _frozen(self, index: int) -> bool:
+        """A parameter frozen since wrapping (``requires_grad_(False)``) with no gradient:
+        under ``sync_at="backward"`` its ``.grad`` stays None, as DDP leaves it, so the
+        optimizer does not move it (momentum, weight decay); it still sends zeros, so
+        every rank's buckets keep their layout. Horovod gives it a zero gradient."""
+        p = self._params[index]
+        return self.sync_at == "backward" and not p.requires_grad and p.grad is None
+
     def _launch(self, bucket: Bucket) -> None:
         if not self._layout_checked and not self._self_checking:
             self._layout_checked = True
@@ -347,7 +355,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         views = self._fusion.pack(bucket, grads)
         if bucket.grad_views:
             for index, view in zip(members, views, strict=True):
-                if index not in self._seen_sparse:
+                if index not in self._seen_sparse and not self._frozen(index):
                     self._params[index].grad = view
         self._fusion.launch(bucket)
         self._next_launch += 1
@@ -402,7 +410,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
     def _unpack(self, bucket: Bucket) -> None:
         with torch.no_grad():
             for position, index in enumerate(bucket.spec.params):
-                if index in self._seen_sparse:
+                if index in self._seen_sparse or self._frozen(index):
                     continue
                 p = self._params[index]
                 result = self._fusion.result(bucket, position)
