@@ -137,9 +137,12 @@ def job_secret(run_id: str) -> str:
 
 def worker_env(
     p: Placement, size: int, addr: str, port: int, attempt: int, run_id: str, base: dict[str, str],
-    set_threads: bool = True,
+    set_threads: bool = True, max_restarts: int = 0,
 ) -> dict[str, str]:
-    """The environment contract between ringrun and ``rt.init()`` (also torchrun-compatible)."""
+    """The environment contract between ringrun and ``rt.init()``; torchrun's names too,
+    all but ``TORCHELASTIC_ERROR_FILE`` (a script's ``@record`` then logs its error
+    instead of writing it to a file) and ``TORCHELASTIC_USE_AGENT_STORE`` (there is no
+    agent store: the script's own ``init_process_group`` starts the store on rank 0)."""
     env = dict(base)
     env.update(
         RINGTRAIN_RANK=str(p.rank),
@@ -156,6 +159,13 @@ def worker_env(
         LOCAL_RANK=str(p.local_rank),
         LOCAL_WORLD_SIZE=str(p.local_size),
         GROUP_RANK=str(p.cross_rank),
+        GROUP_WORLD_SIZE=str(p.cross_size),
+        ROLE_NAME="default",
+        ROLE_RANK=str(p.rank),
+        ROLE_WORLD_SIZE=str(size),
+        TORCHELASTIC_RESTART_COUNT=str(attempt),
+        TORCHELASTIC_MAX_RESTARTS=str(max_restarts),
+        TORCHELASTIC_RUN_ID=run_id,
         MASTER_ADDR=addr,
         MASTER_PORT=str(port),
         PYTHONUNBUFFERED="1",
@@ -340,7 +350,7 @@ def _start_attempt(cfg: JobConfig, attempt: int, run_id: str, sink: OutputSink,
                 continue
             if stop_flag:  # a signal while many ranks start: stop now, not after the last
                 raise _Stop(stop_flag[0])
-            env = worker_env(p, size, addr, port, attempt, run_id, {})
+            env = worker_env(p, size, addr, port, attempt, run_id, {}, max_restarts=cfg.max_restarts)
             env.update(hvd[p.rank])
             env.update(cfg.extra_env)
             full = dict(base)
@@ -373,7 +383,8 @@ def _spec(cfg: JobConfig, h: RemoteHost, addr: str, port: int, attempt: int, run
     ranks = []
     for r in h.ranks:
         p = cfg.placements[r]
-        env = worker_env(p, size, addr, port, attempt, run_id, base, set_threads=False)
+        env = worker_env(p, size, addr, port, attempt, run_id, base, set_threads=False,
+                         max_restarts=cfg.max_restarts)
         env.update(hvd[r])
         ranks.append({"rank": r, "local_size": p.local_size, "env": env})
     return {"cwd": cwd, "command": list(cfg.command), "ranks": ranks, "listen": listen,

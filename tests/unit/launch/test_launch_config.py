@@ -105,8 +105,14 @@ def test_master_addr_flag_wins() -> None:
 
 def test_env_contract_for_a_remote_rank() -> None:
     placed = place_ranks([Host("h1", 2), Host("h2", 2)], 4)
-    env = worker_env(placed[3], 4, "10.0.0.11", 29500, 2, "run1", {"A": "1"}, set_threads=False)
+    env = worker_env(placed[3], 4, "10.0.0.11", 29500, 2, "run1", {"A": "1"}, set_threads=False,
+                     max_restarts=3)
     assert env["RINGTRAIN_RANK"] == env["RANK"] == "3"
+    # torchrun's names, which scripts read (a KeyError under ringrun before)
+    assert env["GROUP_WORLD_SIZE"] == "2" and env["ROLE_NAME"] == "default"
+    assert env["ROLE_RANK"] == "3" and env["ROLE_WORLD_SIZE"] == "4"
+    assert env["TORCHELASTIC_RESTART_COUNT"] == "2" and env["TORCHELASTIC_MAX_RESTARTS"] == "3"
+    assert env["TORCHELASTIC_RUN_ID"] == "run1" and "TORCHELASTIC_USE_AGENT_STORE" not in env
     assert env["RINGTRAIN_LOCAL_RANK"] == env["LOCAL_RANK"] == "1"
     assert env["RINGTRAIN_CROSS_RANK"] == env["GROUP_RANK"] == "1"
     assert env["RINGTRAIN_ATTEMPT"] == "2" and env["RINGTRAIN_RUN_ID"] == "run1"
