@@ -39,6 +39,10 @@ def _ops() -> dict[str, Any]:
     ints = torch.tensor([7, -7], dtype=torch.int32)
     out["int_prescale"] = hvd.allreduce(ints, op=hvd.Sum, prescale_factor=0.5).tolist()
     out["int_average"] = hvd.allreduce(ints + r, op=hvd.Average).tolist()
+    # ... and with a postscale, the sum is scaled once by postscale/size, then truncated
+    out["int_average_post"] = hvd.allreduce(ints + r, op=hvd.Average, postscale_factor=2.0).tolist()
+    out["int_rs_post"] = hvd.reducescatter(torch.tensor([7, -7], dtype=torch.int64) + r,
+                                           op=hvd.Average, postscale_factor=0.7).tolist()
     # In place, grouped, allgather with uneven first dims, broadcast, alltoall
     c = torch.ones(2) * (r + 1)
     hvd.allreduce_(c, op=hvd.Sum)
@@ -84,11 +88,13 @@ def _ops() -> dict[str, Any]:
 @pytest.mark.timeout(120)
 def test_collectives_match_by_name_and_compute_as_horovod() -> None:
     r0, r1 = run_world(_ops, 2, init=False, timeout=110)
-    for o in (r0, r1):
+    for rank, o in enumerate((r0, r1)):
         assert o["any_order"] == ([3.0] * 3, [30.0] * 5)
         assert o["average"] == [1.5, -1.5] and o["min"] == [1.0, -2.0] and o["product"] == [2.0, 2.0]
         assert o["int_prescale"] == [6, -6]  # 7 * 0.5 = 3.5 -> 3 on each rank, summed
         assert o["int_average"] == [7, -6]  # (7 + 8) / 2 = 7.5 -> 7; (-7 + -6) / 2 = -6.5 -> -6
+        assert o["int_average_post"] == [15, -13]  # 15 * 2/2, -13 * 2/2 (not 7*2, -6*2)
+        assert o["int_rs_post"] == [[5], [-4]][rank]  # 15 * 0.35 = 5.25; -13 * 0.35 = -4.55
         assert o["inplace"] == [3.0, 3.0]
         assert o["grouped"] == [[2.0, 2.0], [1.0, 1.0, 1.0]]
         assert o["allgather"] == [[0, 0], [1, 1], [1, 1]]

@@ -92,7 +92,11 @@ def _finish(t: torch.Tensor, meta: Meta, set_size: int) -> torch.Tensor:
             else:
                 t = t / set_size
         else:
-            t = torch.div(t, set_size, rounding_mode="trunc")
+            # Horovod scales an integer sum once, by postscale/size in float64, and then
+            # truncates: the average truncated first and then scaled differs
+            # ([2, 6, 10, -4] instead of [3, 7, 11, -5] for postscale 2 on 2 ranks).
+            return _scale(t, meta.postscale / set_size) if meta.postscale != 1.0 else \
+                torch.div(t, set_size, rounding_mode="trunc")
     return _scale(t, meta.postscale)
 
 
