@@ -316,9 +316,12 @@ class DistributedOptimizer(torch.optim.Optimizer):
             self._launch(bucket)
 
     def _dense_grad(self, index: int) -> torch.Tensor | None:
-        """This step's gradient of a bucketed parameter, dense (None: contribute zeros)."""
+        """This step's gradient of a bucketed parameter, dense (None: contribute zeros).
+        A gradient no backward reached this step (set by hand, from autograd.grad; or
+        the last step's, stepped again) is exchanged as it is, as Horovod does; only a
+        parameter without one contributes zeros."""
         grad = self._params[index].grad
-        if grad is None or self._passes[index] == 0:
+        if grad is None:
             return None
         if grad.is_sparse:
             if self._sparse_as_dense or self._steps > 0:

@@ -268,3 +268,26 @@ def test_a_parameter_frozen_after_wrapping_stays_put_as_under_ddp() -> None:
     for out in run_world(_frozen_after_wrapping, 2, "backward", timeout=50):
         for got, want in zip(out, _frozen_reference(2), strict=True):
             torch.testing.assert_close(got, want)
+
+
+def _grads_by_hand(sync_at: str) -> list[float]:
+    import ringtrain as rt
+
+    w = torch.nn.Parameter(torch.zeros(2))
+    opt = rt.DistributedOptimizer(torch.optim.SGD([w], lr=1.0), named_parameters=[("w", w)],
+                                  sync_at=sync_at)
+    (g,) = torch.autograd.grad((w * float(rt.rank() + 1)).sum(), [w])  # no .grad, no hook
+    w.grad = g
+    opt.step()
+    first = w.detach().clone()
+    opt.step()  # no backward in between: the same gradient again
+    return [*first.tolist(), *w.detach().tolist()]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("sync_at", ["backward", "step"])
+def test_gradients_set_by_hand_are_averaged_as_horovod_does(sync_at: str) -> None:
+    # They were replaced by zeros (a parameter no backward reached "contributed zeros"),
+    # so the step did nothing.
+    for out in run_world(_grads_by_hand, 2, sync_at, timeout=50):
+        assert out == [-1.5, -1.5, -3.0, -3.0]
