@@ -8,7 +8,9 @@ one line on stderr and a non-zero exit instead of a traceback.
 
     RingtrainError
     ├── ConfigError              bad argument, flag, host list or environment (fix and rerun)
-    │   └── LaunchEnvError       inconsistent launcher variables (RANK >= WORLD_SIZE, ...)
+    │   ├── LaunchEnvError       inconsistent launcher variables (RANK >= WORLD_SIZE, ...)
+    │   └── OptimizerUsageError  the training loop calls the optimizer out of order (also an
+    │                            AssertionError, as Horovod raises for the same mistakes)
     ├── NotInitializedError      a collective was used before rt.init()
     ├── CollectiveError          an exchange failed                     [recoverable]
     │   ├── MismatchError        ranks submitted different tensors       (a bug in the script)
@@ -36,6 +38,7 @@ __all__ = [
     "LaunchError",
     "MismatchError",
     "NotInitializedError",
+    "OptimizerUsageError",
     "RingtrainError",
     "StallError",
     "WorkerDiedError",
@@ -56,6 +59,12 @@ class ConfigError(RingtrainError, ValueError):
 
 class LaunchEnvError(ConfigError):
     """The launcher's environment variables are partial or contradict each other."""
+
+
+class OptimizerUsageError(ConfigError, AssertionError):
+    """A DistributedOptimizer call out of order: ``zero_grad()`` during an exchange,
+    more backward passes than ``backward_passes_per_step``, a pass after the exchange.
+    An ``AssertionError`` too: Horovod raises that for these, and scripts catch it."""
 
 
 class NotInitializedError(RingtrainError, RuntimeError):

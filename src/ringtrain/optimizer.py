@@ -56,7 +56,7 @@ import torch
 from ringtrain import collectives, events, runtime, sync
 from ringtrain.collectives import Average, Max, ReduceOp
 from ringtrain.compression import Compression, Compressor
-from ringtrain.errors import ConfigError
+from ringtrain.errors import ConfigError, OptimizerUsageError
 from ringtrain.fusion import Bucket, FusedExchange
 
 __all__ = ["DistributedOptimizer"]
@@ -278,7 +278,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
     def _on_grad_ready(self, index: int) -> None:
         with self._lock:
             if self._synchronized:
-                raise ConfigError(
+                raise OptimizerUsageError(
                     f"backward() reached parameter {self._names[index]!r} after this step's "
                     "gradients were exchanged (by synchronize(), or by the backward that "
                     f"completed the step: backward_passes_per_step={self.backward_passes_per_step})"
@@ -288,7 +288,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
             self._passes[index] += 1
             count = self._passes[index]
             if count > self.backward_passes_per_step:
-                raise ConfigError(
+                raise OptimizerUsageError(
                     f"parameter {self._names[index]!r} got {count} backward passes but "
                     f"backward_passes_per_step={self.backward_passes_per_step}; call step() "
                     "after that many passes or raise backward_passes_per_step"
@@ -535,7 +535,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         if any(self._passes) and not self._synchronized:
-            raise ConfigError(
+            raise OptimizerUsageError(
                 "zero_grad() was called after backward() and before step(): this step's "
                 "gradients are being accumulated or exchanged with the other ranks. Call "
                 "zero_grad() before backward() (or after step()); with gradient "

@@ -157,20 +157,29 @@ def _absent() -> str:
 
     hvd.init()
     if hvd.rank() == 1:
-        time.sleep(8)  # never submits 'grad'
+        time.sleep(8)  # never submits 'grad', never joins
         return "absent"
+    out = []
     try:
         hvd.allreduce(torch.ones(2), name="grad")
+        out.append("no error")
     except hvd.HorovodInternalError as exc:
-        return str(exc)
-    return "no error"
+        out.append(str(exc))
+    try:  # a join the other rank never makes: the same error class (a StallError before)
+        hvd.join()
+        out.append("no error")
+    except hvd.HorovodInternalError as exc:
+        out.append(str(exc))
+    return "\n".join(out)
 
 
 @pytest.mark.timeout(60)
 def test_a_rank_that_never_submits_is_named_after_the_stall_timeout() -> None:
-    message = run_world(_absent, 2, init=False, env={"RINGTRAIN_STALL_TIMEOUT": "3"}, timeout=50)[0]
+    message, join = run_world(_absent, 2, init=False, env={"RINGTRAIN_STALL_TIMEOUT": "3"},
+                              timeout=50)[0].split("\n")
     assert "'allreduce.grad' did not complete within 3 s" in message
     assert "submitted by rank(s) [0], still missing rank(s) [1]" in message
+    assert "did not complete within 3 s" in join and "still missing rank(s) [1]" in join
 
 
 @pytest.mark.timeout(180)

@@ -9,8 +9,9 @@ run unnamed operations on different subsets stay in step.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -20,7 +21,8 @@ from ringtrain.errors import CollectiveError, ConfigError
 from ringtrain.horovod.basics import engine, global_process_set
 
 __all__ = ["Adasum", "Average", "HorovodInternalError", "HorovodUsageError", "Max", "Min", "Product",
-           "Sum", "handle_average_backwards_compatibility", "meta_for", "op_name", "poll", "set_id",
+           "Sum", "handle_average_backwards_compatibility", "horovod_errors", "meta_for", "op_name",
+           "poll", "set_id",
            "submit", "submit_many", "synchronize", "unique_name"]
 
 # Horovod's op constants (horovod.torch.mpi_ops), compared by value in user scripts.
@@ -126,10 +128,18 @@ def synchronize(handle: Any) -> Any:
     handles, post = _handles.pop(handle)
     results = []
     for h in handles:
-        try:
+        with horovod_errors():
             results.append(h.wait())
-        except CollectiveError as exc:
-            if exc.recoverable and not isinstance(exc, HorovodInternalError):
-                raise HorovodInternalError(str(exc)) from exc
-            raise
     return post(results)
+
+
+@contextlib.contextmanager
+def horovod_errors() -> Iterator[None]:
+    """A failure a restart can recover from (a rank gone, a stall) surfaces as
+    Horovod's ``HorovodInternalError``, which ``hvd.elastic`` and scripts catch."""
+    try:
+        yield
+    except CollectiveError as exc:
+        if exc.recoverable and not isinstance(exc, HorovodInternalError):
+            raise HorovodInternalError(str(exc)) from exc
+        raise

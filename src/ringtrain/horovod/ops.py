@@ -21,6 +21,7 @@ from ringtrain.horovod.handles import (
     HorovodUsageError,
     Sum,
     handle_average_backwards_compatibility,
+    horovod_errors,
     meta_for,
     op_name,
     set_id,
@@ -226,8 +227,11 @@ def grouped_reducescatter_async(tensors: Sequence[torch.Tensor], name: str | Non
 
 def join(device: int = -1) -> int:
     """This rank has no more data: it contributes zeros to the others' allreduces until
-    every rank has joined. Returns the rank that joined last (the same on every rank)."""
-    return int(engine().join().wait())
+    every rank has joined. Returns the rank that joined last (the same on every rank).
+    A rank that never joins is a ``HorovodInternalError`` after the stall timeout, as
+    every other operation's failure here."""
+    with horovod_errors():
+        return int(engine().join().wait())
 
 
 def barrier(process_set: ProcessSet = global_process_set) -> None:
