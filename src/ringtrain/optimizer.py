@@ -433,6 +433,13 @@ class DistributedOptimizer(torch.optim.Optimizer):
             agreed = {i for i in range(len(self._params)) if flags[i]}
             self._seen_sparse = agreed
         todo = sorted(self._sparse | self._seen_sparse)
+        if todo and self._fusion.size != runtime.size():
+            # Gathered over the whole world, they would be averaged over it, and a rank
+            # outside the set would take the others' rows (Horovod gathers over the set).
+            raise ConfigError(
+                f"sparse gradients ({', '.join(self._names[i] for i in todo[:3])}) with a "
+                f"process set of {self._fusion.size} of the {runtime.size()} ranks are not "
+                "supported; pass sparse_as_dense=True to exchange them as dense gradients")
         for index in todo:
             self._gather_sparse(index)
         if self._seen_sparse - self._sparse:

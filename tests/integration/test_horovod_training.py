@@ -125,6 +125,17 @@ def _sets_and_reinit(path: str) -> dict[str, Any]:
                                    named_parameters=model.named_parameters(), process_set=solo[0])
     model(torch.ones(1, 2)).sum().backward()
     opt.step()  # rank 1 is not in the set: it steps on its own gradient
+    # Sparse gradients over a process set: a clear error (they were averaged over the
+    # whole world, the rank outside the set included).
+    emb = torch.nn.Embedding(4, 2, sparse=True)
+    sparse = hvd.DistributedOptimizer(torch.optim.SGD(emb.parameters(), lr=1.0),
+                                      named_parameters=emb.named_parameters(), process_set=solo[0])
+    emb(torch.tensor([r])).sum().backward()
+    try:
+        sparse.step()
+        out["sparse_in_set"] = "no error"
+    except ValueError as exc:
+        out["sparse_in_set"] = str(exc)
     out["removed"] = [hvd.remove_process_set(s) for s in solo]
     hvd.start_timeline(path, mark_cycles=True)
     hvd.allreduce(torch.ones(3), name="traced")
@@ -142,6 +153,7 @@ def test_process_sets_reinit_and_timeline(tmp_path: Path) -> None:
         assert o["set"] == (1, 0, True, False)
         assert o["in_set"] == float(r + 1)
         assert o["removed"] == [True, True]
+        assert "sparse_as_dense=True" in o["sparse_in_set"]
     trace = json.loads(path.read_text())
     names = {e.get("name") for e in trace["traceEvents"]}
     assert {"NEGOTIATE_ALLREDUCE", "ALLREDUCE", "CYCLE_START"} <= names
