@@ -220,3 +220,40 @@ def test_elastic_job_survives_a_killed_worker_and_processes_every_sample_once(tm
     assert not (tmp_path / "commits" / "commit.ckpt").exists(), "a finished job leaves no commit behind"
     assert os.path.getsize(out) > 0
     assert_no_orphans(marker)
+
+
+def _state_before_wrapping() -> dict[str, Any]:
+    import warnings
+
+    import ringtrain as rt
+    import ringtrain.horovod as hvd
+
+    hvd.init()
+    out: dict[str, Any] = {}
+    model = torch.nn.Linear(2, 1)
+    adam = torch.optim.Adam(model.parameters(), lr=0.1)
+    hvd.broadcast_optimizer_state(adam, root_rank=0)  # before wrapping: Adam step 1 of zeros
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        opt = hvd.DistributedOptimizer(adam, named_parameters=model.named_parameters())
+    out["warned"] = any("empty optimizer state" in str(w.message) for w in caught)
+    model(torch.ones(1, 2)).sum().backward()
+    opt.step()
+    out["hvd_step"] = float(opt.state[model.weight]["step"])  # Horovod: 1, not 2
+    # rt.DistributedOptimizer shares the state it is given (a checkpoint loaded first)
+    other = torch.nn.Linear(2, 1)
+    adam2 = torch.optim.Adam(other.parameters(), lr=0.1)
+    other(torch.ones(1, 2)).sum().backward()
+    adam2.step()
+    adam2.zero_grad()
+    opt2 = rt.DistributedOptimizer(adam2, named_parameters=other.named_parameters())
+    other(torch.ones(1, 2)).sum().backward()
+    opt2.step()
+    out["rt_step"] = float(opt2.state[other.weight]["step"])
+    return out
+
+
+@pytest.mark.timeout(60)
+def test_horovods_wrapper_starts_with_an_empty_state_and_says_so() -> None:
+    for o in run_world(_state_before_wrapping, 2, init=False, timeout=50):
+        assert o == {"warned": True, "hvd_step": 1.0, "rt_step": 2.0}

@@ -8,13 +8,15 @@ are :class:`ringtrain.DistributedOptimizer`'s. What this module adds:
 - the buckets go through the coordinator (:class:`Negotiated`), matched by name, so a
   rank that has ``join()``-ed contributes zeros and a ``process_set`` restricts the
   exchange (a rank outside the set steps on its own gradients, as in Horovod);
-- Horovod's argument names and defaults, ``_parameter_names``, and ``op=hvd.Adasum``
+- Horovod's argument names and defaults, a fresh optimizer state (Horovod's wrapper is
+  a new optimizer over the same ``param_groups``), ``_parameter_names``, ``op=hvd.Adasum``
   (:class:`_AdasumOptimizer`: each rank takes its own step, the steps' deltas are
   combined with Adasum).
 """
 
 from __future__ import annotations
 
+import collections
 import itertools
 import warnings
 from collections.abc import Iterable
@@ -98,6 +100,7 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name: a factory, as Horovod'
     if gradient_predivide_factor != 1.0 and op != Average:
         raise ValueError("gradient_predivide_factor not supported with op != Average")
     set_id(process_set)  # registered?
+    _fresh_state(optimizer)
     strategy = Negotiated(process_set, f"opt{next(_instances)}")
     wrapped = _Core(
         optimizer, named_parameters=pairs, compression=compression,  # type: ignore[arg-type]
@@ -111,6 +114,19 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name: a factory, as Horovod'
     )
     wrapped.__dict__["_parameter_names"] = {p: n for n, p in pairs}
     return wrapped
+
+
+def _fresh_state(optimizer: torch.optim.Optimizer) -> None:
+    """Horovod's wrapper is a new optimizer over the same ``param_groups`` (so learning
+    rates are shared) with an empty ``state``: Adam moments or momentum loaded (or
+    broadcast) into the optimizer before wrapping do not carry over, and Horovod's
+    examples load and broadcast after wrapping. The same here, said aloud."""
+    if optimizer.state:
+        warnings.warn("hvd.DistributedOptimizer starts with an empty optimizer state, as "
+                      "Horovod's does: the state this optimizer had (loaded or broadcast "
+                      "before wrapping) is not used; load or broadcast it after wrapping",
+                      stacklevel=3)
+    optimizer.state = collections.defaultdict(dict)
 
 
 class _AdasumOptimizer:
@@ -128,6 +144,7 @@ class _AdasumOptimizer:
                  compression: Compressor, backward_passes_per_step: int, process_set: ProcessSet) -> None:
         if backward_passes_per_step < 1:
             raise ValueError(f"backward_passes_per_step must be >= 1, got {backward_passes_per_step}")
+        _fresh_state(optimizer)
         self.__dict__["_inner"] = optimizer
         self.__dict__["_pairs"] = pairs
         self.__dict__["_compression"] = compression
