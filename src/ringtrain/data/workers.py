@@ -195,8 +195,10 @@ def _seed_batch(seed: int) -> None:
 def _worker_main(wid: int, num_workers: int, conn: Connection, dataset: Any,
                  collate_fn: Callable[[list[Any]], Any] | None, seed: int,
                  seed_batches: bool, worker_init_fn: Callable[[int], None] | None,
-                 parent_pid: int) -> None:
+                 parent_pid: int, inherited: list[Connection]) -> None:
     global _WORKER_INFO
+    for theirs in inherited:  # the training process's socket ends (see WorkerPool._start_one)
+        theirs.close()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the training process's job
     torch.set_num_threads(1)  # workers share the cores with the training process
     if hasattr(os, "SCHED_BATCH"):
@@ -238,7 +240,11 @@ def _worker_main(wid: int, num_workers: int, conn: Connection, dataset: Any,
             indexers = {k: v for k, v in indexers.items() if k >= msg.plan_id - 1}
             indexers[msg.plan_id] = _indexer(msg.plan)
         elif type(msg) is MapSlot:
-            slots.add(msg.slot_id, recv_handle(conn), msg.size)
+            try:
+                fd = recv_handle(conn)
+            except (EOFError, OSError):
+                return  # the training process died before the slot's descriptor came
+            slots.add(msg.slot_id, fd, msg.size)
         elif type(msg) is UnmapSlot:
             slots.drop(msg.slot_id)
         else:  # Stop
@@ -399,10 +405,17 @@ class WorkerPool:
         parent_conn, child_conn = self._ctx.Pipe(duplex=True)
         wid = self._next_wid
         self._next_wid += 1
+        # A forked worker inherits the training process's ends of its own socket and of
+        # the workers started before it; it closes them, so that when the training
+        # process dies every worker's socket reaches end-of-file. Held open, a worker
+        # killed mid-message (a slot's descriptor on its way) waited for the rest for
+        # ever (1 in ~25 SIGKILLs of the training process under load).
+        theirs = ([parent_conn, *(w.conn for w in self.workers)]
+                  if self._ctx.get_start_method() == "fork" else [])
         proc = self._ctx.Process(  # type: ignore[attr-defined]
             target=_worker_main, name=f"ringtrain-loader-{wid}", daemon=True,
             args=(wid, n, child_conn, self._dataset, self._collate_fn, self._seed,
-                  self._seed_batches, self._init_fn, os.getpid()))
+                  self._seed_batches, self._init_fn, os.getpid(), theirs))
         proc.start()
         child_conn.close()  # so the worker's end lives only in the worker
         readable = select.poll()
