@@ -214,11 +214,17 @@ def _rewrap_reference(n: int) -> list[torch.Tensor]:
     for lr in (0.1, 0.05, 0.02):
         opt = torch.optim.SGD(model.parameters(), lr=lr)
         for step in range(2):
-            opt.zero_grad()
-            x = torch.cat([torch.full((2, 3), float(step + r)) for r in range(n)])
-            (model(x).sum() / n).backward()
-            opt.step()
+            _global_step(model, opt, step, n)
     return [p.detach().clone() for p in model.parameters()]
+
+
+def _global_step(model: torch.nn.Module, opt: torch.optim.Optimizer, step: int, n: int) -> None:
+    """One process, the ranks' batches of ``step`` together (each rank's is
+    ``full((2, 3), step + rank)``, loss summed): the update the ranks' average makes."""
+    opt.zero_grad()
+    x = torch.cat([torch.full((2, 3), float(step + r)) for r in range(n)])
+    (model(x).sum() / n).backward()
+    opt.step()
 
 
 @pytest.mark.timeout(60)
@@ -256,10 +262,7 @@ def _frozen_reference(n: int) -> list[torch.Tensor]:
     for step in range(3):
         if step == 1:
             model[0].requires_grad_(False)
-        opt.zero_grad()
-        x = torch.cat([torch.full((2, 3), float(step + r)) for r in range(n)])
-        (model(x).sum() / n).backward()
-        opt.step()
+        _global_step(model, opt, step, n)
     return [p.detach().clone() for p in model.parameters()]
 
 
