@@ -136,7 +136,11 @@ def _sets_and_reinit(path: str) -> dict[str, Any]:
         out["sparse_in_set"] = "no error"
     except ValueError as exc:
         out["sparse_in_set"] = str(exc)
-    out["removed"] = [hvd.remove_process_set(s) for s in solo]
+    # No ranks: every rank (Horovod's convention), a set apart from the global one.
+    everyone = hvd.add_process_set([])
+    out["empty_set"] = (everyone.ranks, everyone.process_set_id > 0, hvd.allreduce(
+        torch.tensor([float(r + 1)]), op=hvd.Sum, process_set=everyone).item())
+    out["removed"] = [hvd.remove_process_set(s) for s in [*solo, everyone]]
     hvd.start_timeline(path, mark_cycles=True)
     hvd.allreduce(torch.ones(3), name="traced")
     hvd.stop_timeline()
@@ -152,7 +156,8 @@ def test_process_sets_reinit_and_timeline(tmp_path: Path) -> None:
         assert o["initialized_after_shutdown"] is False and o["same_after_reinit"]
         assert o["set"] == (1, 0, True, False)
         assert o["in_set"] == float(r + 1)
-        assert o["removed"] == [True, True]
+        assert o["removed"] == [True, True, True]
+        assert o["empty_set"] == ([0, 1], True, 3.0)
         assert "sparse_as_dense=True" in o["sparse_in_set"]
     trace = json.loads(path.read_text())
     names = {e.get("name") for e in trace["traceEvents"]}

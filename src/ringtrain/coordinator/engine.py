@@ -138,12 +138,16 @@ class Engine:
     def add_process_set(self, ps: ProcessSet) -> ProcessSet:
         if ps.ranks is None:
             raise ConfigError("a process set needs its ranks, e.g. hvd.ProcessSet([0, 1])")
-        ranks = list(ps.ranks)
+        # Horovod's convention: no ranks means every rank (its global set is
+        # ProcessSet([])), so a script's odd-ranks set at size 1 is not an error; like
+        # Horovod's, such a set is never a duplicate of another.
+        every = not ps.ranks
+        ranks = list(ps.ranks) or list(range(self.size))
         bad = [r for r in ranks if not 0 <= r < self.size]
         if bad:
             raise ConfigError(f"process set ranks {ranks} must be within 0..{self.size - 1}")
         for other, _ in self.sets.values():
-            if other.ranks == ranks and other.process_set_id != 0:
+            if not every and other.ranks == ranks and other.process_set_id != 0:
                 raise ConfigError(f"a process set with ranks {ranks} is already registered "
                                   f"(id {other.process_set_id})")
         cpu = dist.new_group(ranks, backend="gloo")
