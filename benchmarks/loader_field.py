@@ -52,6 +52,7 @@ import time
 import types
 import warnings
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -697,6 +698,7 @@ def targets(records: list[dict[str, Any]]) -> dict[str, Any]:
 # ---- decoders ------------------------------------------------------------------------
 def decoders(n: int) -> dict[str, Any]:
     from PIL import Image
+    tv, tv_status = _torchvision_io()
     rng = np.random.default_rng(0)
     out: dict[str, Any] = {}
     for side in (96, 256, 512):
@@ -707,25 +709,47 @@ def decoders(n: int) -> dict[str, Any]:
         buf = io.BytesIO()
         Image.fromarray(img).save(buf, format="JPEG", quality=90)
         data = buf.getvalue()
-        row = {dec: float("inf") for dec in jpeg_decoders()}
+        calls: dict[str, Callable[[], Any]] = {
+            dec: partial(decode_image, data, decoder=dec) for dec in jpeg_decoders()}
+        if tv is not None:  # HWC RGB from the others, CHW from torchvision: the same decode
+            raw = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+            calls["torchvision"] = partial(tv.decode_jpeg, raw, mode=tv.ImageReadMode.RGB)
+            if torch.cuda.is_available():  # nvJPEG, 64 images per call as users batch it
+                calls["torchvision_cuda_per_image"] = partial(_gpu_decode, tv, [raw] * 64)
+        row = {dec: float("inf") for dec in calls}
         count = max(20, n * 96 * 96 // (side * side))
         for _ in range(9):  # rounds interleave the decoders; best of 9: load only slows
-            for dec in row:
+            for dec, call in calls.items():
                 t = time.perf_counter()
                 for _ in range(count):
-                    decode_image(data, decoder=dec)
-                row[dec] = min(row[dec], (time.perf_counter() - t) / count * 1e6)
+                    call()
+                per_call = (time.perf_counter() - t) / count * 1e6
+                row[dec] = min(row[dec], per_call / (64 if dec.endswith("per_image") else 1))
         out[f"{side}x{side}"] = row
         print(f"  jpeg {side}x{side}: " + ", ".join(f"{k} {v:.0f} us" for k, v in row.items())
               + (f"  (pillow / simplejpeg = {row['pillow'] / row['simplejpeg']:.2f}x)"
                  if "simplejpeg" in row else ""), flush=True)
-    try:
-        import torchvision.io  # noqa: F401
-        out["torchvision"] = "importable (not timed by this script)"
-    except Exception as err:  # noqa: BLE001
-        out["torchvision"] = f"not usable here: {type(err).__name__}: {err}"[:200]
-    print(f"  torchvision.io.decode_jpeg: {out['torchvision']}")
+    out["torchvision"] = tv_status
+    print(f"  torchvision.io.decode_jpeg: {tv_status}")
     return out
+
+
+def _gpu_decode(tv: Any, raws: list[torch.Tensor]) -> None:
+    """Decode on the GPU and wait for it; timed per call, so per image is / len(raws)."""
+    tv.decode_jpeg(raws, mode=tv.ImageReadMode.RGB, device="cuda")
+    torch.cuda.synchronize()
+
+
+def _torchvision_io() -> tuple[Any, str]:
+    """torchvision.io where it loads (PyPI's torchvision wheels for torch 2.13 are CUDA
+    builds that do not load against torch's CPU build; a torch 2.14.1 + torchvision
+    0.29.1 environment runs them on the CPU)."""
+    try:
+        import torchvision
+        import torchvision.io as tv
+        return tv, f"timed (torchvision {torchvision.__version__}, torch {torch.__version__})"
+    except Exception as err:  # noqa: BLE001
+        return None, f"not usable here: {type(err).__name__}: {err}"[:200]
 
 
 # ---- memory over a long epoch (ringtrain, every format) ------------------------------

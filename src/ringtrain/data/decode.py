@@ -2,13 +2,14 @@
 
 Measured here (2 cores, ``python benchmarks/loader_field.py --decoders``, numbers in
 docs/data.md): ``simplejpeg`` (libjpeg-turbo through a thin Cython binding) decodes
-JPEGs 2.7x faster than Pillow at 96x96, 2.3x at 256x256 and 1.3x at 512x512: Pillow
+JPEGs 2.9x faster than Pillow at 96x96, 1.6x at 256x256 and 1.4x at 512x512: Pillow
 parses the headers in Python and builds an Image object per file, a cost per image.
-``torchvision.io.decode_jpeg`` could not be compared: the torchvision wheels on PyPI
-that match torch 2.13 are CUDA builds, and they do not load against torch's CPU build
-(``operator torchvision::nms does not exist``). Pillow-SIMD is not on PyPI for this
-Python. So JPEG goes to simplejpeg when it is installed (``pip install
-'ringtrain[formats]'``), else Pillow; PNG and everything else to Pillow.
+``torchvision.io.decode_jpeg`` (timed in a separate torch 2.14.1 + torchvision 0.29.1
+environment: PyPI's torchvision wheels for torch 2.13 do not load against its CPU build)
+sits between them, 1.6x slower than simplejpeg at 96x96 and within 4% at 512x512.
+Pillow-SIMD is not on PyPI for this Python. So JPEG goes to simplejpeg when it is
+installed (``pip install 'ringtrain[formats]'``), else Pillow; PNG and everything else
+to Pillow.
 """
 
 from __future__ import annotations
