@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 # torch would pull a multi-GB CUDA build.
 TORCH_PIN := torch==2.13.0
 
-.PHONY: demo test lint clean
+.PHONY: demo test test-system test-times lint clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -26,8 +26,17 @@ demo: $(VENV)/.installed-demo
 	rm -rf runs/demo
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/ringrun -np 2 --oversubscribe python examples/mnist_cnn.py --checkpoint-dir runs/demo
 
+# Two tiers (docs/testing.md): the fast one for every change, the system one (container,
+# Slurm, network-namespace hosts, shaped links, mpirun, fault hunts; root) before landing.
 test: $(VENV)/.installed-dev
-	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -q tests
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -q -m "not system" tests
+
+test-system: $(VENV)/.installed-dev
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -q -m system tests
+
+# Where the fast tier's time goes, beside a busy loop; rewrites the table in docs/testing.md.
+test-times: $(VENV)/.installed-dev
+	$(BIN)/python tests/times.py --tier fast --hog --write
 
 clean:
 	rm -rf $(VENV) runs build *.egg-info src/*.egg-info

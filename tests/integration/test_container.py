@@ -33,7 +33,7 @@ MAX_SIZE = 1_400_000_000
 # 320 s measured at a load average of 8 (podman build 220 s); then <= 80 s per test.
 TIMEOUT = 900
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(TIMEOUT)]
+pytestmark = [pytest.mark.system, pytest.mark.timeout(TIMEOUT)]
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,8 @@ from hosts import elastic_hosts
 from hosts.elastic_hosts import ElasticHosts
 from hosts.harness import RINGRUN, assert_no_orphans, env_for, new_marker
 
+pytestmark = pytest.mark.system  # `make test-system`: see docs/testing.md
+
 SCRIPT = str(Path(__file__).parent / "scripts" / "hvd_elastic_resize.py")
 EPOCHS = 16
 #: Epoch 2, batch 10 of 15: mid-epoch (1438 samples, 3 ranks x 32 per step).

@@ -9,6 +9,8 @@ import subprocess
 import pytest
 from hosts.harness import assert_no_orphans, ensure_packages, env_for, new_marker
 
+pytestmark = pytest.mark.system  # `make test-system`: see docs/testing.md
+
 SCRIPT = """
 import torch, ringtrain as rt
 w = rt.init()

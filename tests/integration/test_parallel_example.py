@@ -44,6 +44,7 @@ def test_pipeline_and_sharding_train_what_one_process_trains() -> None:
     assert_no_orphans(marker)
 
 
+@pytest.mark.system  # the real mpirun (Debian's openmpi-bin)
 @pytest.mark.timeout(300)
 def test_the_example_runs_under_mpirun_and_torchrun_too() -> None:
     import shutil

@@ -137,6 +137,7 @@ def hosts() -> Iterator[TestHosts]:
     teardown_hosts()
 
 
+@pytest.mark.system  # network-namespace hosts
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("extra,fragment", [
     (["-H", "10.213.57.11:1,10.213.57.99:1", "--start-timeout", "2"], "10.213.57.99"),

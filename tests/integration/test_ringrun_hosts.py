@@ -28,6 +28,8 @@ from hosts.harness import (
     test_hosts,
 )
 
+pytestmark = pytest.mark.system  # `make test-system`: see docs/testing.md
+
 PROBE = str(HERE / "probe_worker.py")
 TREE = str(Path(__file__).parent / "scripts" / "spawn_tree.py")
 STEPS = ["--steps", "200", "--every", "20"]

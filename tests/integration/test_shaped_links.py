@@ -24,6 +24,7 @@ import shaped_hosts  # noqa: E402
 MBIT = 100.0
 
 
+@pytest.mark.system  # shaped network-namespace hosts
 @pytest.mark.timeout(60)
 def test_two_shaped_hosts_write_records_and_respect_the_rate(tmp_path: Path) -> None:
     reason = shaped_hosts.requirements()
@@ -67,6 +68,7 @@ def _namespaces() -> list[str]:
     return [line.split()[0] for line in res.stdout.splitlines() if line.split()]
 
 
+@pytest.mark.system  # shaped network-namespace hosts
 @pytest.mark.timeout(90)
 def test_links_get_the_fixed_delay_and_a_dead_delay_line_is_named() -> None:
     """5 ms one way: every round trip pays at least 10 ms (netem, or the delay line on a

@@ -29,6 +29,8 @@ import torch
 from hosts.harness import HERE, RINGRUN, TRAIN, assert_no_orphans, env_for, new_marker
 from hosts.slurm import SlurmCluster, slurm_cluster, teardown_slurm
 
+pytestmark = pytest.mark.system  # `make test-system`: see docs/testing.md
+
 ROOT = HERE.parents[1]
 PROBE = str(Path(__file__).parent / "scripts" / "slurm_probe.py")
 DOCS = ROOT / "docs" / "launch.md"
