@@ -27,7 +27,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["WorldFailed", "free_port", "run_world"]
+__all__ = ["World", "WorldFailed", "free_port", "run_world", "start_world"]
 
 
 class WorldFailed(AssertionError):
@@ -87,50 +87,72 @@ def _child(payload: bytes, rank: int, n: int, port: int, environ: dict[str, str]
         results.put((rank, False, f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
 
 
+class World:
+    """n ranks started by :func:`start_world`; :meth:`results` waits for them."""
+
+    def __init__(self, fn: Callable[..., Any], n: int, args: tuple, timeout: float,
+                 env: dict[str, str] | None, init: bool, expect_failure: bool) -> None:
+        ctx = _context()
+        self.n, self.timeout, self.expect_failure = n, timeout, expect_failure
+        self._queue = ctx.Queue()
+        port = free_port()
+        payload = pickle.dumps((fn, args, env or {}))
+        environ = dict(os.environ)
+        self._procs = [
+            ctx.Process(target=_child, args=(payload, r, n, port, environ, list(sys.path), init, self._queue),
+                        daemon=True)
+            for r in range(n)
+        ]
+        self._deadline = time.monotonic() + timeout
+        for p in self._procs:
+            p.start()
+
+    def results(self) -> list[Any]:
+        """Results by rank (the error texts if expect_failure); raises WorldFailed."""
+        n, procs = self.n, self._procs
+        got: dict[int, tuple[bool, Any]] = {}
+        try:
+            while len(got) < n:
+                left = self._deadline - time.monotonic()
+                if left <= 0:
+                    break
+                try:
+                    rank, ok, value = self._queue.get(timeout=min(left, 0.5))
+                    got[rank] = (ok, pickle.loads(value) if ok else value)
+                except queue.Empty:
+                    # A rank that died without reporting (e.g. os._exit) counts as done.
+                    if all(not p.is_alive() for p in procs) and self._queue.empty():
+                        break
+        finally:
+            for p in procs:
+                p.join(timeout=max(0.0, min(5.0, self._deadline - time.monotonic())) if len(got) == n else 0.1)
+            for p in procs:
+                if p.is_alive():
+                    p.kill()
+                    p.join(5)
+        errors = {r: v for r, (ok, v) in got.items() if not ok}
+        missing = [r for r in range(n) if r not in got]
+        if self.expect_failure:
+            return [got.get(r, (False, "no report (exited or timed out)"))[1] for r in range(n)]
+        if errors or missing:
+            text = "\n".join(f"--- rank {r} ---\n{e}" for r, e in sorted(errors.items()))
+            if missing:
+                text += f"\nranks {missing} did not report within {self.timeout:.0f}s"
+            raise WorldFailed(text, errors)
+        return [got[r][1] for r in range(n)]
+
+
+def start_world(fn: Callable[..., Any], n: int, *args: Any, timeout: float = 60.0,
+                env: dict[str, str] | None = None, init: bool = True,
+                expect_failure: bool = False) -> World:
+    """Start ``fn(*args)`` on ``n`` ranks and return at once: worlds that mostly wait
+    (on a stall timeout, a rank that never comes) can wait side by side."""
+    return World(fn, n, args, timeout, env, init, expect_failure)
+
+
 def run_world(fn: Callable[..., Any], n: int, *args: Any, timeout: float = 60.0,
               env: dict[str, str] | None = None, init: bool = True,
               expect_failure: bool = False) -> list[Any]:
     """Run ``fn(*args)`` on ``n`` ranks; results by rank (or the error texts if expect_failure)."""
-    ctx = _context()
-    results = ctx.Queue()
-    port = free_port()
-    payload = pickle.dumps((fn, args, env or {}))
-    environ = dict(os.environ)
-    procs = [
-        ctx.Process(target=_child, args=(payload, r, n, port, environ, list(sys.path), init, results),
-                    daemon=True)
-        for r in range(n)
-    ]
-    for p in procs:
-        p.start()
-    got: dict[int, tuple[bool, Any]] = {}
-    deadline = time.monotonic() + timeout
-    try:
-        while len(got) < n:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                break
-            try:
-                rank, ok, value = results.get(timeout=min(left, 0.5))
-                got[rank] = (ok, pickle.loads(value) if ok else value)
-            except queue.Empty:
-                # A rank that died without reporting (e.g. os._exit) counts as done.
-                if all(not p.is_alive() for p in procs) and results.empty():
-                    break
-    finally:
-        for p in procs:
-            p.join(timeout=max(0.0, min(5.0, deadline - time.monotonic())) if len(got) == n else 0.1)
-        for p in procs:
-            if p.is_alive():
-                p.kill()
-                p.join(5)
-    errors = {r: v for r, (ok, v) in got.items() if not ok}
-    missing = [r for r in range(n) if r not in got]
-    if expect_failure:
-        return [got.get(r, (False, "no report (exited or timed out)"))[1] for r in range(n)]
-    if errors or missing:
-        text = "\n".join(f"--- rank {r} ---\n{e}" for r, e in sorted(errors.items()))
-        if missing:
-            text += f"\nranks {missing} did not report within {timeout:.0f}s"
-        raise WorldFailed(text, errors)
-    return [got[r][1] for r in range(n)]
+    return start_world(fn, n, *args, timeout=timeout, env=env, init=init,
+                       expect_failure=expect_failure).results()

@@ -107,16 +107,22 @@ def env_for(marker: str, **extra: str) -> dict[str, str]:
 def run_torch_only(command: list[str], finished: Callable[[subprocess.CompletedProcess[str]], bool],
                    **kwargs: Any) -> subprocess.CompletedProcess[str]:
     """Run a job that has no ringtrain in it (a reference run, or a torch-only script
-    under ringrun). Torch alone now and then aborts a rank at exit under load, after the
-    job finished ("terminate called without an active exception", SIGABRT; seen in CI
-    under torchrun and under ringrun): a run that failed that way after ``finished``
-    holds for its output is repeated once; any other failure is returned as it is."""
-    for _ in range(2):
-        res = subprocess.run(command, capture_output=True, text=True, **kwargs)
-        text = res.stdout + res.stderr
-        torch_abort = res.returncode != 0 and ("terminate called" in text or "SIGABRT" in text)
-        if not (torch_abort and finished(res)):
-            break
+    under ringrun), isolated from an abort of torch's own at interpreter exit.
+
+    torch 2.13 alone now and then aborts a rank as its interpreter exits, after the job
+    has finished: a C++ thread of its process-group teardown is destroyed while still
+    joinable ("terminate called without an active exception", SIGABRT; seen in CI under
+    torchrun and under ringrun, in scripts with no ringtrain in them). When the run
+    failed that way only and ``finished`` holds for its output (every rank reported
+    done, its files are written), what the test compares is complete: the run is
+    returned as a success, with a line saying what was ignored. Any other failure is
+    returned as it is."""
+    res = subprocess.run(command, capture_output=True, text=True, **kwargs)
+    text = res.stdout + res.stderr
+    torch_abort = res.returncode != 0 and ("terminate called" in text or "SIGABRT" in text)
+    if torch_abort and finished(res):
+        note = f"\n(test harness: exit status {res.returncode} from torch's abort at exit ignored)\n"
+        return subprocess.CompletedProcess(res.args, 0, res.stdout, res.stderr + note)
     return res
 
 

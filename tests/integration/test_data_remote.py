@@ -306,11 +306,12 @@ def test_remote_parquet_counts_rows_from_the_footer_alone(tmp_path: Path, ranges
 @pytest.mark.parametrize("prefetch", [True, False], ids=["prefetch", "no-prefetch"])
 def test_the_next_remote_shard_downloads_while_the_current_one_is_read(
         tmp_path: Path, prefetch: bool) -> None:
-    # 5 shards of 24 batches, read in order by one rank with one worker, the loop taking
-    # 60 ms a batch. With prefetch, shard s is requested when the worker starts shard
+    # 4 shards of 24 batches, read in order by one rank with one worker, the loop taking
+    # 30 ms a batch (the worker needs ~1 ms for one). With prefetch, shard s is requested when the worker starts shard
     # s-1, so before the loop is half-way through s-1; without, only when the worker
     # reaches s, a few batches (its window) before the loop does.
-    paths = write_tar_shards(tmp_path / "remote", [96] * 5)
+    shards = 4
+    paths = write_tar_shards(tmp_path / "remote", [96] * shards)
     log = tmp_path / "gets.log"
     parent, child = mp.Pipe()
     proc = mp.get_context("fork").Process(
@@ -320,19 +321,19 @@ def test_the_next_remote_shard_downloads_while_the_current_one_is_read(
         port = parent.recv()
         urls = [f"http://127.0.0.1:{port}/{Path(p).name}" for p in paths]
         cache = ShardCache(tmp_path / "cache", max_bytes=64 << 20, prefetch=prefetch)
-        ds = TarShards(urls, sizes=[96] * 5, transform=decode_sample, cache=cache)
+        ds = TarShards(urls, sizes=[96] * shards, transform=decode_sample, cache=cache)
         got_at: list[tuple[float, int]] = []  # (time the loop got the batch, its shard)
         with Loader(ds, batch_size=4, num_workers=1, prefetch=2, device="cpu",
                     shuffle=False) as loader:
             for _, y in loader:
                 got_at.append((time.monotonic(), int(y[0]) // 96))
-                time.sleep(0.06)
-        assert [s for _, s in got_at] == [s for s in range(5) for _ in range(24)]
+                time.sleep(0.03)
+        assert [s for _, s in got_at] == [s for s in range(shards) for _ in range(24)]
         gets = [line.split() for line in log.read_text().splitlines()]
         names = [name for _, name in gets]
         assert sorted(names) == sorted(Path(p).name for p in paths)  # each downloaded once
         asked = {int(name[6:9]): float(t) for t, name in gets}
-        for s in range(1, 5):
+        for s in range(1, shards):
             halfway = got_at[24 * (s - 1) + 12][0]  # the loop half-way through shard s-1
             if prefetch:
                 assert asked[s] < halfway, f"shard {s} asked for {asked[s] - halfway:.2f} s late"

@@ -49,7 +49,12 @@ def test_horovod_job_shrinks_in_place_when_a_rank_dies(tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("sharded", [False, True], ids=["map-style", "sharded"])
+@pytest.mark.parametrize("sharded", [
+    pytest.param(False, id="map-style"),
+    # the loader's re-cut of a sharded epoch is also checked without processes
+    # (tests/unit/data/test_data_shardplan.py); the whole job in `make test-system`
+    pytest.param(True, id="sharded", marks=pytest.mark.system),
+])
 def test_rt_elastic_job_shrinks_in_place_and_the_loader_resplits_the_epoch(
         tmp_path: Path, sharded: bool) -> None:
     marker = new_marker()

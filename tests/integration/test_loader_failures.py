@@ -214,17 +214,10 @@ def _run_script(body: str, *args: str, sig: int | None = None, wait_for: str = "
         if line.startswith(wait_for):
             break
     if sig is not None:
+        # One press: the first Ctrl-C was lost once in ~350 runs under load, when it
+        # arrived while a dropped batch's weakref callback ran Python code (see
+        # test_dropping_a_batch_runs_no_python_code below).
         proc.send_signal(sig)
-        if sig == signal.SIGINT:
-            # Once in ~350 runs under load the first Ctrl-C was lost in the child (cause
-            # not found: no ringtrain code catches it). Like a user, press it again: what
-            # is tested is that the interrupt ends the process and takes the workers along.
-            for _ in range(3):
-                try:
-                    proc.wait(timeout=5)
-                    break
-                except subprocess.TimeoutExpired:
-                    proc.send_signal(sig)
     rest, _ = proc.communicate(timeout=30)
     return subprocess.CompletedProcess(proc.args, proc.returncode, out + rest), pids, out + rest
 
@@ -258,3 +251,32 @@ def test_workers_go_away_with_the_training_process(how: str) -> None:
         time.sleep(0.1)
     assert _alive(pids) == [], out
     assert _shm() == shm_before
+
+
+@pytest.mark.timeout(60)
+def test_dropping_a_batch_runs_no_python_code() -> None:
+    """Where the loop lets go of a zero-copy batch, nothing runs that a Ctrl-C could
+    interrupt. A Python weakref callback there ran wherever the loop dropped a batch; a
+    pending SIGINT raised KeyboardInterrupt inside it, and Python reports an exception
+    in a weakref callback as "Exception ignored" and goes on: the Ctrl-C was lost."""
+    with Loader(Faulty(512), batch_size=16, num_workers=2, device="cpu", zero_copy=True) as loader:
+        it = iter(loader)
+        kept = [next(it) for _ in range(4)]  # the first is joined from two halves: a copy
+        assert loader.stats()["held_batches"] >= 1  # the others are views of the slots
+        calls: list[str] = []
+
+        def profile(frame: object, event: str, arg: object) -> None:
+            if event == "call":
+                calls.append(getattr(frame, "f_code").co_qualname)  # noqa: B009
+
+        seen = [i for _, y in kept for i in y.tolist()]
+        sys.setprofile(profile)
+        try:
+            del kept  # the last views of their slots: the slots can go back to the workers
+        finally:
+            sys.setprofile(None)
+        assert calls == [], calls
+        # the loader gets its slots back and delivers the rest of the epoch intact
+        for _, y in it:
+            seen += y.tolist()
+        assert sorted(seen) == list(range(512))

@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import time
+from typing import Any
 
 import pytest
 from ringtest import free_port
@@ -23,21 +24,32 @@ def _rank(rank: int, size: int, port: int, timeout: str) -> subprocess.Popen[str
                             stderr=subprocess.PIPE, text=True)
 
 
+@pytest.fixture(scope="module")
+def outcomes() -> dict[str, Any]:
+    """Both cases at once: each waits out an init timeout, so they overlap their waits."""
+    never_came = free_port()
+    unreachable = free_port()  # nobody listens there
+    while unreachable == never_came:
+        unreachable = free_port()
+    t0 = time.monotonic()
+    procs = {"rank 0": _rank(0, 3, never_came, "6"), "rank 1": _rank(1, 3, never_came, "6"),  # rank 2 never starts
+             "alone": _rank(1, 2, unreachable, "5")}
+    done = {name: (p.returncode, err) for name, p in procs.items()
+            for _, err in [p.communicate(timeout=80)]}
+    return {"results": done, "seconds": time.monotonic() - t0, "unreachable": unreachable}
+
+
 @pytest.mark.timeout(90)
-def test_rank_0_names_the_ranks_that_never_came() -> None:
-    port = free_port()
-    procs = [_rank(0, 3, port, "6"), _rank(1, 3, port, "6")]  # rank 2 never starts
-    outs = [p.communicate(timeout=80) for p in procs]
-    for p, (_, err) in zip(procs, outs, strict=True):
-        assert p.returncode != 0
+def test_rank_0_names_the_ranks_that_never_came(outcomes: dict[str, Any]) -> None:
+    for name in ("rank 0", "rank 1"):
+        code, err = outcomes["results"][name]
+        assert code != 0
         assert "rank(s) 2 of 3 did not join the job" in err, err[-1500:]
 
 
 @pytest.mark.timeout(90)
-def test_a_rank_that_cannot_reach_rank_0_names_the_address() -> None:
-    port = free_port()  # nobody listens there
-    t0 = time.monotonic()
-    p = _rank(1, 2, port, "5")
-    _, err = p.communicate(timeout=80)
-    assert p.returncode != 0 and time.monotonic() - t0 < 60
+def test_a_rank_that_cannot_reach_rank_0_names_the_address(outcomes: dict[str, Any]) -> None:
+    code, err = outcomes["results"]["alone"]
+    assert code != 0 and outcomes["seconds"] < 60
+    port = outcomes["unreachable"]
     assert f"cannot reach rank 0's rendezvous at 127.0.0.1:{port} within 5 s" in err, err[-1500:]

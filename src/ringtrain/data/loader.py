@@ -425,7 +425,7 @@ class Loader:
                 "last_h2d_s": self.last_h2d_s, "total_h2d_s": self.total_h2d_s,
                 "copied_batches": self.copied_batches,
                 "fallback_batches": self.fallback_batches,
-                "held_batches": len(self._feed.refs),
+                "held_batches": self._feed.held_batches,
                 "slots": self._feed.slot_count, "slot_bytes": self._feed.slot_bytes,
                 "pinned_slots": self._feed.pinned_slots}
 
