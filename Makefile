@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 # torch would pull a multi-GB CUDA build.
 TORCH_PIN := torch==2.13.0
 
-.PHONY: demo test test-system test-times lint clean
+.PHONY: demo test test-system test-times coverage lint clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -37,6 +37,10 @@ test-system: $(VENV)/.installed-dev
 # Where the fast tier's time goes, beside a busy loop; rewrites the table in docs/testing.md.
 test-times: $(VENV)/.installed-dev
 	$(BIN)/python tests/times.py --tier fast --hog --write
+
+# Line coverage of src/ringtrain per tier and both together (every process the tests start).
+coverage: $(VENV)/.installed-dev
+	$(BIN)/python tests/cover.py --tiers fast,system
 
 clean:
 	rm -rf $(VENV) runs build *.egg-info src/*.egg-info
