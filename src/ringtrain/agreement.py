@@ -29,7 +29,7 @@ import torch
 import torch.distributed as dist
 
 from ringtrain import inflight
-from ringtrain.errors import ConfigError, MismatchError
+from ringtrain.errors import ConfigError, MismatchError, ranks_phrase
 
 __all__ = ["Header", "KINDS", "MAX_DIMS", "OPS", "agree", "describe", "encode", "decode", "op_code",
            "variant_code"]
@@ -117,12 +117,6 @@ def _fmt(h: Header) -> str:
     return f"{shape} {h.dtype}"
 
 
-def _ranks(ranks: Sequence[int]) -> str:
-    rs = list(ranks)
-    shown = ", ".join(map(str, rs[:8])) + (f", ... ({len(rs)} ranks)" if len(rs) > 8 else "")
-    return f"rank {shown}" if len(rs) == 1 else f"ranks {shown}"
-
-
 def _key(h: Header, kind: str) -> tuple[object, ...]:
     """The part of a header every rank must share for ``kind``."""
     if kind in ("allgather", "alltoall"):  # the first dimension may differ by rank
@@ -149,28 +143,28 @@ def describe(kind: str, headers: Sequence[Header], names: Sequence[str | None] |
     kinds = {h.kind for h in headers}
     if len(kinds) > 1:
         what = "collective operations"
-        parts = [f"{headers[rs[0]].kind} on {_ranks(rs)}" for rs in ordered]
+        parts = [f"{headers[rs[0]].kind} on {ranks_phrase(rs)}" for rs in ordered]
         hint = "every rank must call the same collectives in the same order"
     elif len({h.dtype for h in headers}) > 1:
         what = f"{kind} tensor dtypes"
-        parts = [f"{headers[rs[0]].dtype} on {_ranks(rs)}" for rs in ordered]
+        parts = [f"{headers[rs[0]].dtype} on {ranks_phrase(rs)}" for rs in ordered]
         hint = "cast the tensor to one dtype on every rank"
     elif kind == "broadcast" and len({h.root for h in headers}) > 1:
         what = "broadcast root ranks"
-        parts = [f"root {headers[rs[0]].root} on {_ranks(rs)}" for rs in ordered]
+        parts = [f"root {headers[rs[0]].root} on {ranks_phrase(rs)}" for rs in ordered]
         hint = "pass the same root_rank on every rank"
     elif len({h.op for h in headers}) > 1:
         what = f"{kind} ops"
-        parts = [f"{_op_name(headers[rs[0]].op)} on {_ranks(rs)}" for rs in ordered]
+        parts = [f"{_op_name(headers[rs[0]].op)} on {ranks_phrase(rs)}" for rs in ordered]
         hint = "pass the same op on every rank"
     elif len({h.variant for h in headers}) > 1:
         what = f"{kind} algorithms"
-        parts = [f"{variants[rs[0]] if variants else '#' + str(headers[rs[0]].variant)} on {_ranks(rs)}"
+        parts = [f"{variants[rs[0]] if variants else '#' + str(headers[rs[0]].variant)} on {ranks_phrase(rs)}"
                  for rs in ordered]
         hint = "pass the same algorithm on every rank"
     else:
         what = f"{kind} tensor shapes"
-        parts = [f"{_fmt(headers[rs[0]])} on {_ranks(rs)}" for rs in ordered]
+        parts = [f"{_fmt(headers[rs[0]])} on {ranks_phrase(rs)}" for rs in ordered]
         hint = ("only the first dimension may differ between ranks"
                 if kind in ("allgather", "alltoall") else "every rank must pass the same shape")
     return f"Mismatched {what}{label}: " + "; ".join(parts[:6]) + f" ({hint})"

@@ -42,7 +42,7 @@ from typing import Any
 import torch
 
 from ringtrain import runtime
-from ringtrain.errors import CheckpointError
+from ringtrain.errors import CheckpointError, first_line
 
 __all__ = [
     "SHARDED_SUFFIX", "SUFFIX", "latest", "load", "load_sharded", "remove_stale_temps", "save",
@@ -223,9 +223,9 @@ def _unpickle(payload: bytes, path: Path, weights_only: bool, map_location: Any)
         return torch.load(io.BytesIO(payload), map_location=map_location, weights_only=weights_only)
     except Exception as exc:  # noqa: BLE001 - torch raises UnpicklingError or RuntimeError
         if not weights_only:
-            raise CheckpointError(f"cannot unpickle checkpoint {path}: {str(exc).splitlines()[0][:200]}") from None
+            raise CheckpointError(f"cannot unpickle checkpoint {path}: {first_line(exc)}") from None
         found = sorted(set(_UNSAFE_GLOBAL.findall(str(exc))))
-        what = ", ".join(found) if found else str(exc).splitlines()[0][:160]
+        what = ", ".join(found) if found else first_line(exc, 160)
         raise CheckpointError(
             f"checkpoint {path} holds {what}, which a safe load does not allow (unpickling it could "
             "run code); if you trust the file, load it with rt.checkpoint.load(path, weights_only=False)"

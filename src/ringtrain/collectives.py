@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 from ringtrain import agreement, inflight, runtime
-from ringtrain.errors import CollectiveError, ConfigError, NotInitializedError
+from ringtrain.errors import CollectiveError, ConfigError, NotInitializedError, first_line
 
 __all__ = [
     "AllreduceAlgorithm",
@@ -119,9 +119,8 @@ def _describe(name: str | None, tensor: torch.Tensor | None = None) -> str:
 
 
 def _fail(what: str, name: str | None, tensor: torch.Tensor | None, exc: Exception) -> CollectiveError:
-    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     return CollectiveError(
-        f"{what} of {_describe(name, tensor)} failed on rank {runtime.rank()}: {first}"
+        f"{what} of {_describe(name, tensor)} failed on rank {runtime.rank()}: {first_line(exc, None)}"
     )
 
 

@@ -62,7 +62,7 @@ from typing import Any, Protocol, TypeVar
 import torch
 
 from ringtrain import checkpoint, collectives, replicate, runtime
-from ringtrain.errors import CollectiveError, ConfigError, LaunchError, RingtrainError
+from ringtrain.errors import CollectiveError, ConfigError, LaunchError, RingtrainError, first_line
 
 __all__ = ["ElasticState", "HostsUpdated", "Resumable", "Stateful", "attempt", "drive",
            "follow_world", "hosts_updated", "resizable", "run", "world_version"]
@@ -467,7 +467,7 @@ class _Reformer:
                 if newer is None:
                     raise
                 log.warning("world %s did not form (%s); joining world %s",
-                            target["version"], str(exc).splitlines()[0] if str(exc) else type(exc).__name__,
+                            target["version"], first_line(exc, None),
                             newer["version"])
                 target = newer
             finally:
@@ -503,7 +503,7 @@ def drive(call: Callable[[], T], state: ElasticState, leave: Callable[[Callable[
             if not _is_world_failure(exc) or not reformer.next_world(REFORM_WAIT_S):
                 raise
             log.warning("a peer failed (%s); moving to ringrun's next world",
-                        str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__)
+                        first_line(exc))
             state.restore()
             skip_sync = False
         reformer.reform()

@@ -29,6 +29,8 @@ from the script's own logic.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 __all__ = [
     "CheckpointError",
     "CollectiveError",
@@ -43,7 +45,13 @@ __all__ = [
     "StallError",
     "WorkerDiedError",
     "WorkerError",
+    "first_line",
+    "rank_list",
+    "ranks_phrase",
 ]
+
+#: Ranks a message lists before it says how many there are in all.
+RANKS_SHOWN = 8
 
 
 class RingtrainError(Exception):
@@ -109,3 +117,25 @@ class WorkerDiedError(DataError):
 
 class LaunchError(RingtrainError, RuntimeError):
     """ringrun could not start the job or a worker failed."""
+
+
+def first_line(exc: BaseException, limit: int | None = 200) -> str:
+    """The first non-empty line of ``exc``'s message (its type's name when it has none),
+    at most ``limit`` characters: torch's errors go on with C++ frames and hints."""
+    lines = str(exc).strip().splitlines()
+    line = lines[0].strip() if lines else type(exc).__name__
+    return line if limit is None else line[:limit]
+
+
+def rank_list(ranks: Iterable[int]) -> str:
+    """``0, 2, 5``, in ascending order; beyond :data:`RANKS_SHOWN` ranks the rest is
+    counted instead of listed (``0, 1, ..., 7, ... (64 ranks)``)."""
+    rs = sorted(ranks)
+    shown = ", ".join(map(str, rs[:RANKS_SHOWN]))
+    return shown + (f", ... ({len(rs)} ranks)" if len(rs) > RANKS_SHOWN else "")
+
+
+def ranks_phrase(ranks: Iterable[int]) -> str:
+    """``rank 3`` or ``ranks 0, 2`` (see :func:`rank_list`)."""
+    rs = list(ranks)
+    return f"rank {rank_list(rs)}" if len(rs) == 1 else f"ranks {rank_list(rs)}"

@@ -30,7 +30,7 @@ import torch.distributed as dist
 
 from ringtrain import inflight, lingering, sockets
 from ringtrain.env import LaunchEnv, parse_env
-from ringtrain.errors import ConfigError, LaunchEnvError, NotInitializedError
+from ringtrain.errors import ConfigError, LaunchEnvError, NotInitializedError, first_line, rank_list
 from ringtrain.settings import Settings, load_settings
 from ringtrain.signing import Signer
 
@@ -237,10 +237,9 @@ def _make_store(env: LaunchEnv, timeout: datetime.timedelta) -> dist.Store:
             try:
                 base = dist.TCPStore(env.master_addr, env.master_port, env.size, False, timeout=timeout)
             except RuntimeError as exc:
-                first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
                 raise LaunchEnvError(
                     f"rank {env.rank} cannot reach rank 0's rendezvous at {env.master_addr}:"
-                    f"{env.master_port} within {timeout.total_seconds():g} s ({first}); check "
+                    f"{env.master_port} within {timeout.total_seconds():g} s ({first_line(exc)}); check "
                     "MASTER_ADDR/MASTER_PORT and that rank 0 started (RINGTRAIN_INIT_TIMEOUT sets the wait)"
                 ) from None
         # Kept for the life of the process: init -> shutdown -> init again (Horovod's
@@ -285,10 +284,9 @@ def _elastic_store(env: LaunchEnv, timeout: datetime.timedelta) -> dist.Store:
         try:
             base = dist.TCPStore(env.master_addr, env.master_port, env.size, False, timeout=timeout)
         except RuntimeError as exc:
-            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
             raise LaunchEnvError(
                 f"rank {env.rank} cannot reach rank 0's rendezvous of world {env.version} at "
-                f"{env.master_addr}:{env.master_port} ({first})") from None
+                f"{env.master_addr}:{env.master_port} ({first_line(exc)})") from None
         _base_store = (key, base)
         _generation = 0
     else:
@@ -473,9 +471,8 @@ def _await_everyone(store: dist.Store, env: LaunchEnv, timeout_s: float) -> None
                 "not written by this job (someone else wrote to its store); see docs/launch.md"
             )
         missing = [int(r) for r in outcome.split(",") if r]
-    shown = ", ".join(map(str, missing[:10])) + (f" ... ({len(missing)} ranks)" if len(missing) > 10 else "")
     raise LaunchEnvError(
-        f"rank(s) {shown} of {env.size} did not join the job at {env.master_addr}:{env.master_port} "
+        f"rank(s) {rank_list(missing)} of {env.size} did not join the job at {env.master_addr}:{env.master_port} "
         f"within {timeout_s:g} s; look at their logs (did they start? do they see the same "
         "MASTER_ADDR/MASTER_PORT?) or raise RINGTRAIN_INIT_TIMEOUT"
     )

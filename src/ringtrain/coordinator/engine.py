@@ -45,7 +45,7 @@ from ringtrain.coordinator.execute import Group, Request
 from ringtrain.coordinator.process_sets import ProcessSet
 from ringtrain.coordinator.requests import REDUCING, Meta, fusable, mismatch
 from ringtrain.coordinator.trace import Trace
-from ringtrain.errors import CollectiveError, ConfigError, MismatchError, StallError
+from ringtrain.errors import CollectiveError, ConfigError, MismatchError, StallError, first_line
 
 __all__ = ["Engine", "Handle"]
 
@@ -387,11 +387,10 @@ class Engine:
             try:
                 results = self._run_op(kind, group, items, mine)
             except Exception as exc:  # noqa: BLE001 - the op's error goes to its handles
-                first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
                 for h in mine:
                     if h is not None:
                         self._complete(h, error=CollectiveError(
-                            f"{kind} of {h.meta.name!r} failed on rank {self.rank}: {first_line}"))
+                            f"{kind} of {h.meta.name!r} failed on rank {self.rank}: {first_line(exc, None)}"))
                 continue
             t1 = time.perf_counter()
             for h, res in zip(mine, results, strict=True):
@@ -442,9 +441,8 @@ class Engine:
             self._failed = exc
             handles = list(self._pending.values()) + ([self._join_handle] if self._join_handle else [])
             self._pending.clear()
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         for h in handles:
-            h._finish(error=CollectiveError(f"the coordinator stopped on rank {self.rank}: {first}"))
+            h._finish(error=CollectiveError(f"the coordinator stopped on rank {self.rank}: {first_line(exc, None)}"))
 
 
 

@@ -9,8 +9,10 @@ allreduces share one flat buffer).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+
+from ringtrain.errors import ranks_phrase
 
 __all__ = ["KINDS", "REDUCING", "Meta", "fusable", "mismatch"]
 
@@ -58,10 +60,6 @@ def _fmt_shape(shape: tuple[int, ...]) -> str:
     return f"({shape[0]},)" if len(shape) == 1 else str(shape)
 
 
-def _ranks(rs: Sequence[int]) -> str:
-    return ("rank " if len(rs) == 1 else "ranks ") + ", ".join(map(str, rs))
-
-
 def _groups(metas: Mapping[int, Meta], key: object) -> list[tuple[object, list[int]]]:
     out: dict[object, list[int]] = {}
     for r in sorted(metas):
@@ -104,7 +102,7 @@ def mismatch(metas: Mapping[int, Meta]) -> str | None:
                     shown = f"prescale {metas[rs[0]].prescale:g}, postscale {metas[rs[0]].postscale:g}"
                 else:
                     shown = str(value)
-                parts.append(f"{shown} on {_ranks(rs)}")
+                parts.append(f"{shown} on {ranks_phrase(rs)}")
             return f"Mismatched {what} for {name!r}: " + "; ".join(parts) + f" ({hint})"
     return None
 

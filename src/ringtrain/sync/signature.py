@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from ringtrain import runtime
-from ringtrain.errors import CollectiveError, MismatchError, StallError
+from ringtrain.errors import CollectiveError, MismatchError, StallError, ranks_phrase
 from ringtrain.settings import env_name
 
 __all__ = [
@@ -49,12 +49,6 @@ def entry(name: str, shape: Sequence[int], dtype: torch.dtype | str) -> Entry:
 
 def _fmt(e: Entry) -> str:
     return f"{e[0]!r} {list(e[1])} {e[2]}"
-
-
-def _ranks(ranks: Iterable[int]) -> str:
-    rs = sorted(ranks)
-    shown = ", ".join(map(str, rs[:16])) + (f", ... ({len(rs)} ranks)" if len(rs) > 16 else "")
-    return f"rank {shown}" if len(rs) == 1 else f"ranks {shown}"
 
 
 def _first_difference(ref: Sequence[Entry], other: Sequence[Entry]) -> tuple[int, str, str]:
@@ -94,20 +88,20 @@ def describe_mismatch(
         # and the tensor is what the user can act on.
         if list(entries[ref]) != list(entries[r]):
             i, a, b = _first_difference(entries[ref], entries[r])
-            lines.append(f"tensor #{i} is {a} on {_ranks(ref_ranks)} but {b} on {_ranks(ranks)}")
+            lines.append(f"tensor #{i} is {a} on {ranks_phrase(ref_ranks)} but {b} on {ranks_phrase(ranks)}")
             continue
         ref_set, other_set = dict(settings.get(ref, {})), dict(settings.get(r, {}))
         diff_keys = sorted(k for k in set(ref_set) | set(other_set) if ref_set.get(k) != other_set.get(k))
         k = diff_keys[0]
         lines.append(
-            f"setting {k}={ref_set.get(k)!r} on {_ranks(ref_ranks)} but "
-            f"{other_set.get(k)!r} on {_ranks(ranks)}"
+            f"setting {k}={ref_set.get(k)!r} on {ranks_phrase(ref_ranks)} but "
+            f"{other_set.get(k)!r} on {ranks_phrase(ranks)}"
         )
     differing = sorted(r for rs in ordered[1:] for r in rs)
     more = f" (and {len(ordered) - 4} more groups)" if len(ordered) > 4 else ""
     return (
         f"ranks would exchange different {what}: " + "; ".join(lines) + more
-        + f". {_ranks(differing).capitalize()} differ from rank {ref}. Every rank must build "
+        + f". {ranks_phrase(differing).capitalize()} differ from rank {ref}. Every rank must build "
         "the same model (same parameters, shapes, dtypes and order) and pass the same "
         "DistributedOptimizer settings"
     )
@@ -161,7 +155,7 @@ def check_signature(
         span = f"{entries[0][0]!r}" + (f" .. {entries[-1][0]!r}" if len(entries) > 1 else "")
         raise StallError(
             f"signature check #{index} ({when}, before exchanging {len(entries)} {what}: "
-            f"{span}): {_ranks(missing)} did not arrive within {timeout:g} s (stall_timeout; "
+            f"{span}): {ranks_phrase(missing)} did not arrive within {timeout:g} s (stall_timeout; "
             f"{env_name('stall_timeout')}), seen from rank {rank}; those ranks are behind, "
             "stuck or gone: look at their logs"
         )

@@ -33,7 +33,7 @@ import torch
 import torch.distributed as dist
 
 from ringtrain import lingering, runtime
-from ringtrain.errors import CollectiveError, StallError
+from ringtrain.errors import CollectiveError, StallError, first_line
 from ringtrain.settings import env_name
 from ringtrain.signing import Signer
 
@@ -308,9 +308,9 @@ def _is_timeout(exc: BaseException) -> bool:
     return "timed out" in str(exc).lower() or "timeout" in str(exc).lower()
 
 
-def _short(text: str) -> str:
+def _short(exc: BaseException) -> str:
     """Gloo's first sentence without its source path ("Connection closed by peer [addr]")."""
-    first = (text.strip().splitlines() or [""])[0]
+    first = first_line(exc, None)
     for marker in ("Connection", "Broken pipe", "Socket"):
         if marker in first:
             first = first[first.find(marker):]
@@ -321,16 +321,15 @@ def _short(text: str) -> str:
 def failure(arrival: Arrival, exc: BaseException, started: float, timeout_s: float) -> Exception:
     """The error for a failed wait that started at ``started`` (time.monotonic())."""
     waited = time.monotonic() - started
-    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
     if is_peer_failure(exc):
         peer = getattr(exc, "peer", None)
-        cause = _short(str(exc))
+        cause = _short(exc)
         if peer is not None:
             cause = f"the connection to rank {peer} broke: {cause}"
         return inspect(arrival, waited, timeout_s, cause=cause)
     if _is_timeout(exc):
         return inspect(arrival, waited, timeout_s)
-    return CollectiveError(f"exchange of {arrival.label()} failed on rank {runtime.rank()}: {first}")
+    return CollectiveError(f"exchange of {arrival.label()} failed on rank {runtime.rank()}: {first_line(exc, None)}")
 
 
 def wait_work(work: Any, arrival: Arrival, timeout_s: float) -> None:
