@@ -8,7 +8,7 @@ benchmark against ``torch.utils.data.DataLoader``.
 
 from __future__ import annotations
 
-from ringtrain.data.autotune import CpuBudget, cpu_budget
+from ringtrain.cpus import CpuBudget, cpu_budget
 from ringtrain.data.collate import default_collate
 from ringtrain.data.decode import decode_image
 from ringtrain.data.imagefolder import ImageFolder

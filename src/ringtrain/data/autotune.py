@@ -1,15 +1,8 @@
-"""``num_workers="auto"``: the CPU budget this process really has, and adaptation.
+"""``num_workers="auto"``: how many loader workers to start, and adaptation.
 
-``os.cpu_count()`` reports the host's CPUs; a container limited by a cgroup CPU quota
-(``docker --cpus 2``, Kubernetes ``limits.cpu``) or a job pinned by ``taskset`` /
-Slurm has far fewer, and starting a worker per host CPU there makes workers fight
-over the few it has. The budget is therefore the minimum of
-
-* the CPU affinity mask (``os.sched_getaffinity``),
-* the cgroup quota: v2 ``cpu.max`` ("quota period"), v1 ``cpu.cfs_quota_us`` /
-  ``cpu.cfs_period_us``, taking the tightest along the cgroup's ancestors,
-
-divided among the training processes that share the host (``local_size``).
+The start is the CPU budget this process really has (:func:`ringtrain.cpus.cpu_budget`:
+affinity and cgroup quota, divided among the training processes that share the host),
+less one CPU for the training process itself from 3 CPUs on.
 
 While running, :class:`Autotuner` watches the fraction of time the training loop
 waits for batches and adds a worker when it is high; a change that does not cut the
@@ -19,113 +12,15 @@ dataset can use more workers than cores and a CPU-bound one does not oversubscri
 
 from __future__ import annotations
 
-import math
-import os
-from dataclasses import dataclass
-from pathlib import Path
+from ringtrain.cpus import CpuBudget
 
-__all__ = ["CpuBudget", "cpu_budget", "cgroup_cpu_quota", "initial_workers", "Autotuner"]
-
-
-@dataclass(frozen=True)
-class CpuBudget:
-    """The CPUs this process may use, and where the limit came from."""
-
-    affinity: int
-    quota: float | None  # CPUs allowed by the cgroup, None when unlimited
-    share: int = 1  # training processes on this host splitting the budget
-
-    @property
-    def cpus(self) -> float:
-        limit = float(self.affinity) if self.quota is None else min(self.affinity, self.quota)
-        return max(limit / max(1, self.share), 0.0)
-
-    def describe(self) -> str:
-        quota = "none" if self.quota is None else f"{self.quota:g} CPUs"
-        return (f"CPU budget {self.cpus:g}: affinity {self.affinity} CPUs, cgroup quota {quota}, "
-                f"{self.share} training process(es) on this host")
-
-
-def _read(path: Path) -> str | None:
-    try:
-        return path.read_text()
-    except OSError:
-        return None
-
-
-def _v2_quota(directory: Path, stop: Path) -> float | None:
-    best: float | None = None
-    d = directory
-    while True:
-        text = _read(d / "cpu.max")
-        if text:
-            parts = text.split()
-            if len(parts) == 2 and parts[0] != "max":
-                q = int(parts[0]) / int(parts[1])
-                best = q if best is None else min(best, q)
-        if d == stop or d.parent == d:
-            return best
-        d = d.parent
-
-
-def _v1_quota(directory: Path, stop: Path) -> float | None:
-    best: float | None = None
-    d = directory
-    while True:
-        quota, period = _read(d / "cpu.cfs_quota_us"), _read(d / "cpu.cfs_period_us")
-        if quota and period and int(quota) > 0 and int(period) > 0:
-            q = int(quota) / int(period)
-            best = q if best is None else min(best, q)
-        if d == stop or d.parent == d:
-            return best
-        d = d.parent
-
-
-def cgroup_cpu_quota(root: str | os.PathLike[str] = "/") -> float | None:
-    """The CPU quota of this process's cgroup in CPUs, or None when there is none.
-
-    ``root`` lets tests point at a fake ``/proc`` and ``/sys`` tree.
-    """
-    root = Path(root)
-    text = _read(root / "proc/self/cgroup") or ""
-    fs = root / "sys/fs/cgroup"
-    best: float | None = None
-    for line in text.splitlines():
-        parts = line.split(":", 2)
-        if len(parts) != 3:
-            continue
-        _, controllers, path = parts
-        rel = path.strip().lstrip("/")
-        if controllers == "":  # cgroup v2 (unified)
-            candidates = [(fs / rel, fs), (fs, fs)]  # in a container the path may be the host's
-            found = [_v2_quota(d, stop) for d, stop in candidates if d.is_dir()]
-        elif "cpu" in controllers.split(","):
-            found = []
-            for mount in (fs / controllers, fs / "cpu", fs / "cpu,cpuacct"):
-                if mount.is_dir():
-                    found += [_v1_quota(d, mount) for d in (mount / rel, mount) if d.is_dir()]
-                    break
-        else:
-            continue
-        for q in found:
-            if q is not None:
-                best = q if best is None else min(best, q)
-    return best
-
-
-def cpu_budget(share: int = 1, root: str | os.PathLike[str] = "/") -> CpuBudget:
-    """The CPUs available to this process (see the module docstring)."""
-    try:
-        affinity = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):  # pragma: no cover - not Linux
-        affinity = os.cpu_count() or 1
-    return CpuBudget(affinity=affinity, quota=cgroup_cpu_quota(root), share=max(1, share))
+__all__ = ["initial_workers", "Autotuner"]
 
 
 def initial_workers(budget: CpuBudget) -> int:
     """Workers to start with: every CPU on a small budget (the training process mostly
     waits on the GPU), one CPU left to the training process from 3 CPUs on."""
-    cpus = max(1, math.floor(budget.cpus + 1e-9))
+    cpus = budget.whole
     return cpus if cpus <= 2 else cpus - 1
 
 

@@ -27,7 +27,8 @@ import numpy as np
 import torch
 
 from ringtrain import events
-from ringtrain.data.autotune import Autotuner, CpuBudget, cpu_budget, initial_workers
+from ringtrain.cpus import CpuBudget, cpu_budget
+from ringtrain.data.autotune import Autotuner, initial_workers
 from ringtrain.data.collate import fresh_alloc
 from ringtrain.data.feed import WorkerFeed
 from ringtrain.data.order import BatchIndexer, EpochPlan, ShardIndexer, ShardPlan, Stage, epoch_batches

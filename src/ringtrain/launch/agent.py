@@ -56,6 +56,7 @@ if not __package__:  # run as a plain script: make this tree's ringtrain importa
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from ringtrain import sockets  # noqa: E402 - standard library only, as this module
+from ringtrain.cpus import cpu_count  # noqa: E402 - the same
 
 if __package__:
     from ringtrain.launch import assignment, network, output, reaper
@@ -81,10 +82,6 @@ def _die_with_parent() -> None:
 def info() -> dict[str, Any]:
     """What ringrun needs to know about this host before it places rank 0."""
     conn = os.environ.get("SSH_CONNECTION", "").split()
-    try:
-        cpus = len(os.sched_getaffinity(0))
-    except AttributeError:
-        cpus = os.cpu_count() or 1
     # The address ringrun's host reached us at, and its own as we see it: from ssh, or,
     # started by srun, from the node srun ran on and the route to it.
     server, client = (conn[2], conn[0]) if len(conn) == 4 else (None, None)
@@ -93,7 +90,7 @@ def info() -> dict[str, Any]:
         client, server = launch_node, network.source_address_for(launch_node)
     return {
         "host": socket.gethostname(),
-        "cpus": cpus,
+        "cpus": cpu_count(),
         "ifaces": network.interface_addresses(),
         "server_addr": server,
         "client_addr": client,

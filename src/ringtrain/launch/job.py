@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ringtrain import sockets
+from ringtrain.cpus import cpu_count
 from ringtrain.errors import ConfigError, LaunchError
 from ringtrain.launch import network, reaper
 from ringtrain.launch.agent import worker_extras
@@ -116,14 +117,6 @@ def _exit_status(code: int) -> int:
     return 128 + (-code) if code < 0 else code
 
 
-def _threads_per_worker(local_size: int) -> int:
-    try:
-        cpus = len(os.sched_getaffinity(0))
-    except AttributeError:
-        cpus = os.cpu_count() or 1
-    return max(1, cpus // max(1, local_size))
-
-
 _SECRETS: dict[str, str] = {}
 
 
@@ -174,7 +167,7 @@ def worker_env(
     # the same cores (torchrun sets OMP_NUM_THREADS=1 for the same reason). Remote
     # hosts count their own cores (the host agent fills it in).
     if set_threads:
-        env.setdefault("OMP_NUM_THREADS", str(_threads_per_worker(p.local_size)))
+        env.setdefault("OMP_NUM_THREADS", str(cpu_count(share=p.local_size)))
     return env
 
 

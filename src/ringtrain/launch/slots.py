@@ -8,8 +8,8 @@ counted here.
 
 A GPU host has one slot per visible GPU (one rank per device is what NCCL needs: two
 ranks on one device are refused, ``ncclInvalidUsage``); other hosts one per CPU this
-process may run on (``sched_getaffinity``: a container's or a cgroup's CPU set, not the
-machine's). GPUs are counted without CUDA or torch: the NVIDIA driver lists one
+process may use (:func:`ringtrain.cpus.cpu_count`: its affinity and a container's or
+cgroup's CPU quota, not the machine's count). GPUs are counted without CUDA or torch: the NVIDIA driver lists one
 directory per device under ``/proc/driver/nvidia/gpus``; ``CUDA_VISIBLE_DEVICES``
 narrows them.
 """
@@ -20,6 +20,8 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+
+from ringtrain.cpus import cpu_count
 
 __all__ = ["Slots", "count_slots", "local_slots"]
 
@@ -54,13 +56,6 @@ def count_slots(cpus: int, gpus: int, cuda_visible: str | None = None) -> Slots:
     return Slots(cpus, f"{cpus} CPU core{'s' if cpus != 1 else ''}")
 
 
-def _cpus() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
-
-
 def _gpus() -> int:
     try:
         return sum(1 for _ in _NVIDIA_GPUS.iterdir())
@@ -71,4 +66,4 @@ def _gpus() -> int:
 def local_slots(environ: Mapping[str, str] | None = None) -> Slots:
     """The slots of this host (see the module docstring)."""
     env = os.environ if environ is None else environ
-    return count_slots(_cpus(), _gpus(), env.get("CUDA_VISIBLE_DEVICES"))
+    return count_slots(cpu_count(), _gpus(), env.get("CUDA_VISIBLE_DEVICES"))

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from ringtrain import events, runtime
+from ringtrain.cpus import cpu_budget
 from ringtrain.observe.gpu import DeviceStepTimer, NvmlSampler, open_nvml_sampler
 from ringtrain.observe.meter import PHASES, Meter, StepRecord, summarize
 from ringtrain.observe.progress import Progress
@@ -116,19 +117,8 @@ def _cuda_index() -> int | None:
 
 
 def _cpu_facts(local_size: int) -> dict[str, Any]:
-    try:
-        affinity = len(os.sched_getaffinity(0))
-    except AttributeError:
-        affinity = os.cpu_count() or 1
-    quota: float | None = None
-    try:  # the loader's budget also reads cgroup quotas (containers, Slurm)
-        from ringtrain.data.autotune import cpu_budget
-
-        budget = cpu_budget(share=local_size)
-        return {"affinity": budget.affinity, "quota": budget.quota, "per_rank": budget.cpus}
-    except Exception:
-        pass
-    return {"affinity": affinity, "quota": quota, "per_rank": affinity / max(1, local_size)}
+    budget = cpu_budget(share=local_size)
+    return {"affinity": budget.affinity, "quota": budget.quota, "per_rank": budget.cpus}
 
 
 class Session:

@@ -36,6 +36,7 @@ import traceback
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from ringtrain.cpus import cpu_count
 from ringtrain.errors import ConfigError, LaunchError
 from ringtrain.plan.layers import Layer, from_module
 from ringtrain.plan.network import Link, Topology
@@ -357,13 +358,6 @@ def _spawn(world: int, job: dict[str, Any], timeout_s: float) -> list[dict[str, 
         out.join_thread()
 
 
-def _cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))  # type: ignore[attr-defined]
-    except AttributeError:
-        return os.cpu_count() or 1
-
-
 def run_calibration(
     worlds: tuple[int, ...] = (2, 4), *, sizes: tuple[int, ...] = DEFAULT_SIZES, iters: int = 5,
     steps: int = 12, warmup: int = 3, batch: int = 64, timeout_s: float = 60.0,
@@ -387,7 +381,7 @@ def run_calibration(
     base = min(worlds)
     fit = fit_alpha_beta([p for p in sweep if p.world == base])
     layers = from_module(mnist_cnn())
-    cores = _cores()
+    cores = cpu_count()
     checks = []
     for w in worlds:
         # Ranks finish a step together (the allreduce syncs them); rank 0's median is the step.
@@ -451,13 +445,13 @@ def run_calibration_in_job(
     layers = from_module(mnist_cnn())
     plain = measured["plain"]
     spread = statistics.pstdev(plain) / statistics.fmean(plain)
-    compute, predicted = predict_step(layers, fit, n, statistics.median(plain), cores=_cores(),
+    compute, predicted = predict_step(layers, fit, n, statistics.median(plain), cores=cpu_count(),
                                       cv=spread, shared=False, link_on_cpu=False)
     check = StepCheck(n, compute, predicted, compute, predicted, statistics.median(measured["steps"]))
     notes = [f"alpha and B fitted on the {n}-rank sweep of this job ({world.env.launcher} launch)",
              "compute is the step without exchange measured in the same run, on every rank's own host"]
     return Calibration(fit, sweep, [check], statistics.median(plain), spread,
-                       4 * sum(layer.params for layer in layers), _cores(), notes,
+                       4 * sum(layer.params for layer in layers), cpu_count(), notes,
                        network=f"Gloo across the job's {n} ranks", link_on_cpu=False)
 
 

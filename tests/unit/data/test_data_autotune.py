@@ -1,59 +1,12 @@
-"""CPU budget from affinity + cgroup quota, and the worker-count hill climber."""
+"""The loader's first worker count from the CPU budget, and the worker-count hill climber
+(the budget itself: tests/unit/core/test_cpus.py)."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
-from ringtrain.data.autotune import Autotuner, CpuBudget, cgroup_cpu_quota, cpu_budget, initial_workers
-
-
-def _write(root: Path, rel: str, text: str) -> None:
-    p = root / rel
-    p.parent.mkdir(parents=True, exist_ok=True)
-    p.write_text(text)
-
-
-def test_cgroup_v2_quota_takes_the_tightest_ancestor(tmp_path: Path) -> None:
-    _write(tmp_path, "proc/self/cgroup", "0::/job/step\n")
-    _write(tmp_path, "sys/fs/cgroup/job/cpu.max", "150000 100000\n")
-    _write(tmp_path, "sys/fs/cgroup/job/step/cpu.max", "max 100000\n")
-    assert cgroup_cpu_quota(tmp_path) == pytest.approx(1.5)
-
-
-def test_cgroup_v2_container_view(tmp_path: Path) -> None:
-    # Inside a container the listed path is the host's; the quota sits at the mount root.
-    _write(tmp_path, "proc/self/cgroup", "0::/kubepods/pod1/abc\n")
-    _write(tmp_path, "sys/fs/cgroup/cpu.max", "200000 100000\n")
-    assert cgroup_cpu_quota(tmp_path) == pytest.approx(2.0)
-
-
-def test_cgroup_v1_quota(tmp_path: Path) -> None:
-    _write(tmp_path, "proc/self/cgroup", "4:memory:/x\n3:cpu,cpuacct:/docker/abc\n")
-    _write(tmp_path, "sys/fs/cgroup/cpu,cpuacct/docker/abc/cpu.cfs_quota_us", "50000\n")
-    _write(tmp_path, "sys/fs/cgroup/cpu,cpuacct/docker/abc/cpu.cfs_period_us", "100000\n")
-    assert cgroup_cpu_quota(tmp_path) == pytest.approx(0.5)
-
-
-@pytest.mark.parametrize("files", [{}, {"proc/self/cgroup": "0::/\n",
-                                        "sys/fs/cgroup/cpu.max": "max 100000\n"},
-                                   {"proc/self/cgroup": "3:cpu:/\n",
-                                    "sys/fs/cgroup/cpu/cpu.cfs_quota_us": "-1\n",
-                                    "sys/fs/cgroup/cpu/cpu.cfs_period_us": "100000\n"}])
-def test_no_quota(tmp_path: Path, files: dict[str, str]) -> None:
-    for rel, text in files.items():
-        _write(tmp_path, rel, text)
-    assert cgroup_cpu_quota(tmp_path) is None
-
-
-def test_budget_is_min_of_affinity_and_quota_split_by_local_processes() -> None:
-    assert CpuBudget(affinity=8, quota=None).cpus == 8
-    assert CpuBudget(affinity=8, quota=2.5).cpus == 2.5
-    assert CpuBudget(affinity=8, quota=None, share=4).cpus == 2
-    assert "affinity 8" in CpuBudget(affinity=8, quota=2.5).describe()
-    real = cpu_budget()
-    assert 0 < real.cpus <= real.affinity
+from ringtrain.cpus import CpuBudget
+from ringtrain.data.autotune import Autotuner, initial_workers
 
 
 @pytest.mark.parametrize("cpus,expected", [(0.5, 1), (1, 1), (2, 2), (3, 2), (8, 7)])
