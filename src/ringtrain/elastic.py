@@ -33,7 +33,7 @@ discovery script reports, without a restart and from the last commit in memory::
 
 :func:`run` is the engine under ``hvd.elastic.run`` too. When a collective fails
 because a peer is gone and ringrun has written the next world
-(:mod:`ringtrain.launch.assignment`), it restores the last commit, closes the old
+(:mod:`ringtrain.assignment`), it restores the last commit, closes the old
 world's connections (a host that vanished silently would leave them hanging), leaves
 the old world without waiting for it, joins the new one, calls the reset callbacks and
 syncs the state from rank 0 (the new workers of a grow get it that way). A grow is
@@ -61,7 +61,7 @@ from typing import Any, Protocol, TypeVar
 
 import torch
 
-from ringtrain import checkpoint, collectives, replicate, runtime
+from ringtrain import assignment, checkpoint, collectives, replicate, runtime
 from ringtrain.errors import CollectiveError, ConfigError, LaunchError, RingtrainError, first_line
 
 __all__ = ["ElasticState", "HostsUpdated", "Resumable", "Stateful", "attempt", "drive",
@@ -325,12 +325,10 @@ class _Watcher:
         self._thread.start()
 
     def _run(self) -> None:
-        from ringtrain.launch.assignment import read_assignment
-
         seen = -1
         while True:
             try:
-                data = read_assignment(self.path)
+                data = assignment.read_assignment(self.path)
                 if data is not None and data["version"] > seen:
                     seen = data["version"]
                     if seen > self.current:  # before anyone waiting for it moves on

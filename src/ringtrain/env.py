@@ -22,7 +22,7 @@ GLOO_SOCKET_IFNAME (the interface Gloo binds) and RINGTRAIN_JOB_SECRET (ringrun'
 key for what ringtrain writes to the store, see :mod:`ringtrain.signing`). A resizable
 job (``ringrun --min-np/--max-np``) also sets RINGTRAIN_WORLD_VERSION (which of the job's
 successive worlds this is) and RINGTRAIN_ELASTIC_FILE (where ringrun writes the next one,
-see :mod:`ringtrain.launch.assignment`).
+see :mod:`ringtrain.assignment`).
 
 Parsing is a pure function of a mapping, so every dialect is unit-tested without
 starting processes.

@@ -28,7 +28,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from ringtrain import inflight, lingering, sockets
+from ringtrain import addresses, assignment, inflight, lingering, sockets
+from ringtrain import sever as sever_mod
 from ringtrain.env import LaunchEnv, parse_env
 from ringtrain.errors import ConfigError, LaunchEnvError, NotInitializedError, first_line, rank_list
 from ringtrain.settings import Settings, load_settings
@@ -60,9 +61,6 @@ __all__ = [
 ]
 
 log = logging.getLogger("ringtrain")
-
-_LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
-
 
 @dataclass(frozen=True)
 class World:
@@ -181,19 +179,6 @@ def _choose_backend(requested: str, local_size: int) -> str:
     return "gloo"
 
 
-def _is_loopback(addr: str) -> bool:
-    return addr in _LOOPBACK_NAMES or addr.startswith("127.")
-
-
-def _interface_towards(addr: str) -> str | None:
-    """The network interface this host would use to reach ``addr`` (None if unknown)."""
-    from ringtrain.launch import network  # standard library only
-
-    dest = network.resolve(addr)
-    source = network.source_address_for(dest) if dest else None
-    return network.interface_of_address(source) if source else None
-
-
 def _store_listener(env: LaunchEnv) -> int:
     """The listening descriptor for rank 0's store: ringrun's reservation (inherited), or
     a socket bound here on ``MASTER_ADDR`` only.
@@ -262,9 +247,7 @@ def _elastic_store(env: LaunchEnv, timeout: datetime.timedelta) -> dist.Store:
     global _base_store, _generation, _own_server, _own_port, _spared
     assert env.master_port is not None  # guaranteed by LaunchEnv validation
     if _own_server is None and env.store_fd is not None:
-        from ringtrain.launch import sever as _sever  # standard library only
-
-        before = set(_sever.socket_inodes())
+        before = set(sever_mod.socket_inodes())
         reserved = socket.socket(fileno=env.store_fd)
         addr, port = reserved.getsockname()[:2]
         reserved.detach()
@@ -278,7 +261,7 @@ def _elastic_store(env: LaunchEnv, timeout: datetime.timedelta) -> dist.Store:
         _own_port = int(port)
         # Never severed (see sever()): what existed before (the script's own connections)
         # and the server's connection to itself, made just now.
-        _spared = frozenset(before | set(_sever.socket_inodes()))
+        _spared = frozenset(before | set(sever_mod.socket_inodes()))
     key = ("elastic", env.master_addr, env.master_port, env.version, env.run_id, env.attempt)
     if _base_store is None or _base_store[0] != key:
         try:
@@ -297,8 +280,6 @@ def _elastic_store(env: LaunchEnv, timeout: datetime.timedelta) -> dist.Store:
 
 def _acknowledge(env: LaunchEnv) -> None:
     """Tell ringrun this process has joined world ``env.version`` (a resizable job)."""
-    from ringtrain.launch import assignment
-
     try:
         assignment.write_ack(env.elastic_file, env.version)
     except OSError as exc:  # ringrun then never sees the world form: it does not grow it
@@ -308,7 +289,7 @@ def _acknowledge(env: LaunchEnv) -> None:
 def assign(overlay: Mapping[str, str]) -> None:
     """Make the next :func:`init` join the world ``overlay`` describes: launch variables
     laid over the process's environment (a resizable job's next world, as ringrun wrote
-    it, see :mod:`ringtrain.launch.assignment`). Call it while not initialised."""
+    it, see :mod:`ringtrain.assignment`). Call it while not initialised."""
     global _gloo_iface_ours
     if _world is not None:
         raise ConfigError("runtime.assign() while initialised: leave the world first "
@@ -325,15 +306,13 @@ def sever(addresses: Collection[str]) -> int:
     world), so nothing of the world waits on a peer that vanished. Spared: the
     connections the script had before it joined, and those of this process's own store
     server (other worlds' ranks use it). Returns how many were shut down."""
-    from ringtrain.launch import sever as _sever
-
     if not addresses:
         return 0
     # Connections other processes made to this one's server stay: a later world's ranks
     # may be connecting to it while this runs (so the port is checked per connection,
     # not from a list taken earlier).
     keep = () if _own_port is None else (_own_port,)
-    return _sever.sever(addresses, keep_local_ports=keep, spare=_spared)
+    return sever_mod.sever(addresses, keep_local_ports=keep, spare=_spared)
 
 
 def abandon() -> None:
@@ -411,7 +390,7 @@ def init(backend: str | None = None, timeout: float | None = None) -> World:
         # an interface the other hosts cannot reach (seen under srun). Confine a one-host
         # job to loopback, so nothing listens on the network; across hosts, use the
         # interface that routes to rank 0. (Gloo reads only the variable.)
-        iface = "lo" if _is_loopback(env.master_addr) else _interface_towards(env.master_addr)
+        iface = "lo" if addresses.is_loopback(env.master_addr) else addresses.interface_towards(env.master_addr)
         if iface:
             os.environ["GLOO_SOCKET_IFNAME"] = iface
             global _gloo_iface_ours

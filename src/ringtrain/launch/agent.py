@@ -52,19 +52,16 @@ import time
 from pathlib import Path
 from typing import IO, Any
 
-if not __package__:  # run as a plain script: make this tree's ringtrain importable
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+if not __package__:
+    # Run as a plain script (ssh, srun): import this tree's ringtrain as a package. The
+    # script's own folder, which Python put first on the path, goes: its modules would
+    # shadow the standard library's and ringtrain's own names.
+    sys.path[0] = str(Path(__file__).resolve().parents[2])
 
-from ringtrain import sockets  # noqa: E402 - standard library only, as this module
-from ringtrain.cpus import cpu_count  # noqa: E402 - the same
-
-if __package__:
-    from ringtrain.launch import assignment, network, output, reaper
-else:  # run as a script: this file's folder is on sys.path
-    import assignment  # type: ignore[no-redef]
-    import network  # type: ignore[no-redef]
-    import output  # type: ignore[no-redef]
-    import reaper  # type: ignore[no-redef]
+# Standard library only, as this module: the agent must answer without importing torch.
+from ringtrain import addresses, assignment, sockets  # noqa: E402
+from ringtrain.cpus import cpu_count  # noqa: E402
+from ringtrain.launch import output, reaper  # noqa: E402
 
 __all__ = ["info", "main", "worker_extras"]
 
@@ -87,11 +84,11 @@ def info() -> dict[str, Any]:
     server, client = (conn[2], conn[0]) if len(conn) == 4 else (None, None)
     launch_node = os.environ.get("SLURM_LAUNCH_NODE_IPADDR")
     if client is None and launch_node:
-        client, server = launch_node, network.source_address_for(launch_node)
+        client, server = launch_node, addresses.source_address_for(launch_node)
     return {
         "host": socket.gethostname(),
         "cpus": cpu_count(),
-        "ifaces": network.interface_addresses(),
+        "ifaces": addresses.interface_addresses(),
         "server_addr": server,
         "client_addr": client,
     }
@@ -103,11 +100,10 @@ def worker_extras(env: dict[str, str], local_size: int, cpus: int) -> dict[str, 
     if "OMP_NUM_THREADS" not in env:
         extra["OMP_NUM_THREADS"] = str(max(1, cpus // max(1, local_size)))
     master = env.get("MASTER_ADDR", "")
-    if master and not network.is_loopback(master) and "GLOO_SOCKET_IFNAME" not in env:
+    if master and not addresses.is_loopback(master) and "GLOO_SOCKET_IFNAME" not in env:
         # Gloo otherwise binds whatever the host name resolves to, often 127.0.1.1 or an
         # address other hosts cannot reach; use the interface that routes to rank 0.
-        source = network.source_address_for(master)
-        iface = network.interface_of_address(source) if source else None
+        iface = addresses.interface_towards(master)
         if iface:
             extra["GLOO_SOCKET_IFNAME"] = iface
             if "NCCL_SOCKET_IFNAME" not in env:

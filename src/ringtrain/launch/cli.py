@@ -20,8 +20,9 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ringtrain import addresses
 from ringtrain.errors import ConfigError, RingtrainError
-from ringtrain.launch import network, slurm
+from ringtrain.launch import slurm
 from ringtrain.launch.hosts import Host, is_local_host, parse_hostfile, parse_hosts, place_ranks
 from ringtrain.launch.job import JobConfig
 from ringtrain.launch.output import check_output_dir
@@ -137,8 +138,8 @@ def _check_interface(name: str | None, any_local: bool, multi_host: bool,
         warnings.append(f"--network-interface {name} has no effect on a one-host job "
                         "(it stays on loopback)")
         return None
-    if any_local and network.address_of_interface(name) is None:
-        have = ", ".join(network.interface_addresses()) or "none"
+    if any_local and addresses.address_of_interface(name) is None:
+        have = ", ".join(addresses.interface_addresses()) or "none"
         raise ConfigError(f"--network-interface {name} has no IPv4 address on this host "
                           f"(interfaces with one: {have}); pick one of those")
     return name

@@ -10,7 +10,7 @@ and a file of its own (``RINGTRAIN_ELASTIC_FILE``). Then:
 
 - **a worker exits non-zero or its host is lost**: the others are not stopped. If at
   least ``--min-np`` are left, ringrun writes the next world (ranks, rendezvous, the lost
-  hosts' addresses) into each survivor's file (:mod:`ringtrain.launch.assignment`). The
+  hosts' addresses) into each survivor's file (:mod:`ringtrain.assignment`). The
   survivors' next collective fails; ``hvd.elastic.run`` / ``rt.elastic.run`` restore
   the last commit in memory, leave the broken world and join the new one. The host is
   not used again until the discovery script stops listing it and lists it again, or
@@ -36,8 +36,9 @@ import signal
 import tempfile
 import time
 
+from ringtrain import addresses, assignment
 from ringtrain.errors import ConfigError, LaunchError
-from ringtrain.launch import assignment, network, reaper
+from ringtrain.launch import reaper
 from ringtrain.launch.discovery import Discovery
 from ringtrain.launch.elastic_launch import Launcher
 from ringtrain.launch.hosts import Host, place_ranks
@@ -269,7 +270,7 @@ class _Driver:
         # which a host that vanished silently would leave hanging. (Loopback is every
         # host's own; this host's dead workers' connections were closed by the kernel.)
         lost = sorted({a for h in lost_hosts for a in self.hosts[h].addresses
-                       if self.hosts[h].remote is not None and not network.is_loopback(a)})
+                       if self.hosts[h].remote is not None and not addresses.is_loopback(a)})
         for h in lost_hosts:
             self._forget(h)
         try:

@@ -6,7 +6,7 @@ when and how the job changes size are the driver's (:mod:`ringtrain.launch.elast
 A world is launched by reserving a rendezvous port for each new worker (ringrun for
 this host, the agent for a remote one), starting the new workers with the world's
 launch variables, and writing the world to the others' assignment files
-(:mod:`ringtrain.launch.assignment`; remote ones through their agent).
+(:mod:`ringtrain.assignment`; remote ones through their agent).
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from ringtrain import sockets
-from ringtrain.launch import assignment, network, reaper
+from ringtrain import addresses, assignment, sockets
+from ringtrain.launch import reaper
 from ringtrain.launch.agent import worker_extras
 from ringtrain.launch.horovod_env import horovod_env
 from ringtrain.launch.hosts import Placement
@@ -84,13 +84,13 @@ class Launcher:
     def register(self, name: str, remote: RemoteHost | None, infos: dict[str, dict[str, Any]]) -> Host:
         """Take host ``name`` into the job; ``infos``: the agents' facts of every remote host."""
         if remote is not None:
-            addresses = list((remote.info or {}).get("ifaces", {}).values())
+            own = list((remote.info or {}).get("ifaces", {}).values())
         else:
-            addresses = list(network.interface_addresses().values())
+            own = list(addresses.interface_addresses().values())
         reach = reach_address(self.cfg, name, infos)  # loopback for a job of this host alone
-        host = Host(name, remote, addresses, reach)
+        host = Host(name, remote, own, reach)
         self.hosts[name] = host
-        self.addresses.update(a for a in addresses if a)
+        self.addresses.update(a for a in own if a)
         self.addresses.add(reach)
         return host
 
@@ -199,4 +199,4 @@ class Launcher:
                 self.watchdog.watch_group(worker.pid)
 
     def can_be_rank0(self, slot: Slot, multi_host: bool) -> bool:
-        return not (multi_host and network.is_loopback(self.procs[slot.worker].addr))
+        return not (multi_host and addresses.is_loopback(self.procs[slot.worker].addr))

@@ -7,12 +7,12 @@ import socket
 from dataclasses import dataclass
 from pathlib import Path
 
+from ringtrain import addresses
 from ringtrain.errors import ConfigError
 
 __all__ = ["Host", "Placement", "is_local_host", "parse_hostfile", "parse_hosts", "place_ranks"]
 
 _HOST = re.compile(r"^[A-Za-z0-9_.\-\[\]:]+$")
-_LOCAL_NAMES = {"localhost", "127.0.0.1", "::1", "localhost.localdomain"}
 
 
 @dataclass(frozen=True)
@@ -35,7 +35,7 @@ class Placement:
 
 def is_local_host(name: str) -> bool:
     """Loopback names and this machine's own host name run without ssh."""
-    return name in _LOCAL_NAMES or name.startswith("127.") or name == socket.gethostname()
+    return addresses.is_loopback(name) or name == socket.gethostname()
 
 
 def _check_host(name: str, where: str) -> None:

@@ -28,10 +28,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from ringtrain import sockets
+from ringtrain import addresses, sockets
 from ringtrain.cpus import cpu_count
 from ringtrain.errors import ConfigError, LaunchError
-from ringtrain.launch import network, reaper
+from ringtrain.launch import reaper
 from ringtrain.launch.agent import worker_extras
 from ringtrain.launch.horovod_env import horovod_env
 from ringtrain.launch.hosts import Placement, is_local_host
@@ -217,14 +217,14 @@ def reach_address(cfg: JobConfig, host0: str, infos: dict[str, dict[str, Any]]) 
         if not infos:
             return "127.0.0.1"
         if iface:
-            addr = network.address_of_interface(iface)
+            addr = addresses.address_of_interface(iface)
             if addr is None:
                 raise ConfigError(f"--network-interface {iface} has no IPv4 address on this host "
-                                  f"(it has {', '.join(network.interface_addresses())})")
+                                  f"(it has {', '.join(addresses.interface_addresses())})")
             return addr
         first_host, first = next(iter(infos.items()))
-        addr = first.get("client_addr") or network.source_address_for(
-            network.resolve(first_host) or first_host)
+        addr = first.get("client_addr") or addresses.source_address_for(
+            addresses.resolve(first_host) or first_host)
         if not addr:
             raise ConfigError(f"cannot tell which address of this host {first_host} can reach; "
                               "pass --master-addr or --network-interface")
@@ -236,7 +236,7 @@ def reach_address(cfg: JobConfig, host0: str, infos: dict[str, dict[str, Any]]) 
             raise ConfigError(f"--network-interface {iface} does not exist on host {host0} (it has "
                               f"{', '.join(info['ifaces'])}); pick an interface every host has")
         return str(addr)
-    addr = info.get("server_addr") or network.resolve(host0)
+    addr = info.get("server_addr") or addresses.resolve(host0)
     if not addr:
         raise ConfigError(f"cannot resolve host {host0}; pass --master-addr")
     return str(addr)

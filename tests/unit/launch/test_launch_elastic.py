@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from ringtrain import assignment, sever
 from ringtrain.env import parse_env
 from ringtrain.errors import ConfigError
-from ringtrain.launch import assignment, cli, sever
+from ringtrain.launch import cli
 from ringtrain.launch.discovery import parse_discovered, run_script
 from ringtrain.launch.hosts import Host, Placement
 from ringtrain.launch.worlds import Blacklist, ElasticConfig, Slot, next_world, placements

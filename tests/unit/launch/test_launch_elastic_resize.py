@@ -12,9 +12,8 @@ import pytest
 import torch
 from torch import nn
 
-from ringtrain import elastic, runtime
+from ringtrain import assignment, elastic, runtime
 from ringtrain.errors import CollectiveError, ConfigError, MismatchError
-from ringtrain.launch import assignment
 
 
 class _World:

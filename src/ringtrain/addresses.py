@@ -1,8 +1,10 @@
-"""Addresses and interfaces: which address rank 0 listens on, which interface Gloo uses.
+"""Addresses and interfaces of this host: which address rank 0 listens on, which
+interface Gloo uses, whether an address is this host's loopback.
 
-Standard library only (the remote host stub imports this file by path, without the
-``ringtrain`` package). Nothing here sends a packet: the route to an address is found
-with a connected UDP socket, which only asks the kernel's routing table.
+Shared by the launcher (rank 0's address, the host agent's report) and the workers
+(``rt.init()`` picks Gloo's interface), so it is a leaf of the standard library only.
+Nothing here sends a packet: the route to an address is found with a connected UDP
+socket, which only asks the kernel's routing table.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ __all__ = [
     "address_of_interface",
     "interface_addresses",
     "interface_of_address",
+    "interface_towards",
     "is_loopback",
     "resolve",
     "source_address_for",
@@ -25,6 +28,8 @@ _SIOCGIFADDR = 0x8915
 
 
 def is_loopback(addr: str) -> bool:
+    """Whether ``addr`` (an address or ``localhost``) is this host's loopback: a one-host
+    job stays there, and no other host can reach a rendezvous bound to it."""
     try:
         return ipaddress.ip_address(addr).is_loopback
     except ValueError:
@@ -86,3 +91,11 @@ def resolve(host: str) -> str | None:
     except OSError:
         return None
     return str(infos[0][4][0]) if infos else None
+
+
+def interface_towards(addr: str) -> str | None:
+    """The interface this host would use to reach ``addr``, a name or an address (None
+    when it cannot be resolved or routed)."""
+    dest = resolve(addr)
+    source = source_address_for(dest) if dest else None
+    return interface_of_address(source) if source else None

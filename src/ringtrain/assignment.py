@@ -1,6 +1,6 @@
 """A resizable job's worlds, as files: ringrun writes each worker's next world, the
-worker acknowledges the one it joined (standard library only: the host agent and the
-workers both use it).
+worker acknowledges the one it joined (a leaf of the standard library only: ringrun,
+its host agent and the workers all use it).
 
 In a job started with ``ringrun --min-np M --max-np N`` every worker has a file of its
 own (``RINGTRAIN_ELASTIC_FILE``). When the job changes size ringrun (for remote workers:

@@ -1,6 +1,7 @@
 """Close this process's TCP connections to given hosts (standard library only, Linux).
 
-A resizable job leaves a world whose peers may be gone. A Gloo operation, or a store
+A worker of a resizable job leaves a world whose peers may be gone (ringrun names the
+hosts in the next world's assignment, :mod:`ringtrain.assignment`). A Gloo operation, or a store
 wait, blocked on a peer that vanished without closing its connections (a host that lost
 power or its network) waits for its timeout (minutes) and cannot be interrupted from
 Python. ``shutdown(2)`` on our end of those connections can: the blocked reader sees the
