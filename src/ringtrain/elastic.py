@@ -62,7 +62,8 @@ from typing import Any, Protocol, TypeVar
 import torch
 
 from ringtrain import assignment, checkpoint, collectives, replicate, runtime
-from ringtrain.errors import CollectiveError, ConfigError, LaunchError, RingtrainError, first_line
+from ringtrain.errors import ConfigError, LaunchError, first_line
+from ringtrain.peer_failure import is_world_failure
 
 __all__ = ["ElasticState", "HostsUpdated", "Resumable", "Stateful", "attempt", "drive",
            "follow_world", "hosts_updated", "resizable", "run", "world_version"]
@@ -404,19 +405,6 @@ def hosts_updated() -> bool:
     return int(newest) > world_version()
 
 
-def _is_world_failure(exc: BaseException) -> bool:
-    """An error a lost peer causes (then a new world may follow), not the script's own."""
-    if isinstance(exc, RingtrainError):
-        return isinstance(exc, CollectiveError) and exc.recoverable
-    if isinstance(exc, (RuntimeError, ConnectionError)):
-        # Gloo and the store raise plain RuntimeErrors (pair.cc "Connection closed by
-        # peer", "Connection reset by peer", "Broken pipe", timeouts).
-        text = str(exc).lower()
-        return any(w in text for w in ("gloo", "connection", "broken pipe", "socket", "timed out",
-                                       "timeout", "nccl", "store"))
-    return False
-
-
 def follow_world(optimizer: Any) -> None:
     """Bring a ``DistributedOptimizer`` to the current world after a resize: its averaging
     divides by the new size, an interrupted step is forgotten, and the first-step
@@ -498,7 +486,7 @@ def drive(call: Callable[[], T], state: ElasticState, leave: Callable[[Callable[
                 raise
             skip_sync = exc.skip_sync
         except BaseException as exc:
-            if not _is_world_failure(exc) or not reformer.next_world(REFORM_WAIT_S):
+            if not is_world_failure(exc) or not reformer.next_world(REFORM_WAIT_S):
                 raise
             log.warning("a peer failed (%s); moving to ringrun's next world",
                         first_line(exc))

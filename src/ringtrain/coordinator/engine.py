@@ -46,6 +46,7 @@ from ringtrain.coordinator.process_sets import ProcessSet
 from ringtrain.coordinator.requests import REDUCING, Meta, fusable, mismatch
 from ringtrain.coordinator.trace import Trace
 from ringtrain.errors import CollectiveError, ConfigError, MismatchError, StallError, first_line
+from ringtrain.peer_failure import Failure, classify
 
 __all__ = ["Engine", "Handle"]
 
@@ -474,7 +475,7 @@ class _StoreWaker(_Waker):
             self._thread.wait([f"c/{k}"], datetime.timedelta(seconds=timeout))
             return True
         except RuntimeError as exc:
-            if "timeout" not in str(exc).lower():
+            if classify(exc) is not Failure.TIMEOUT:
                 raise
             return False
 

@@ -34,6 +34,7 @@ import torch.distributed as dist
 
 from ringtrain import lingering, runtime
 from ringtrain.errors import CollectiveError, StallError, first_line
+from ringtrain.peer_failure import Failure, classify
 from ringtrain.settings import env_name
 from ringtrain.signing import Signer
 
@@ -53,9 +54,6 @@ __all__ = [
 T = TypeVar("T")
 
 _PREFIX = "ringtrain/sync/stall/"
-# Messages Gloo and the store use when the other side of a connection went away.
-_PEER_GONE = ("connection closed", "connection reset", "broken pipe", "connection refused",
-              "remote worker crashing", "failed to recv", "socket closed")
 
 
 @dataclass(frozen=True)
@@ -300,12 +298,8 @@ def inspect(arrival: Arrival, waited_s: float, timeout_s: float, cause: str | No
 
 
 def is_peer_failure(exc: BaseException) -> bool:
-    text = str(exc).lower()
-    return any(s in text for s in _PEER_GONE)
-
-
-def _is_timeout(exc: BaseException) -> bool:
-    return "timed out" in str(exc).lower() or "timeout" in str(exc).lower()
+    """Whether a failed wait means a peer went away (:mod:`ringtrain.peer_failure`)."""
+    return classify(exc) is Failure.PEER_GONE
 
 
 def _short(exc: BaseException) -> str:
@@ -321,13 +315,14 @@ def _short(exc: BaseException) -> str:
 def failure(arrival: Arrival, exc: BaseException, started: float, timeout_s: float) -> Exception:
     """The error for a failed wait that started at ``started`` (time.monotonic())."""
     waited = time.monotonic() - started
-    if is_peer_failure(exc):
+    kind = classify(exc)
+    if kind is Failure.PEER_GONE:
         peer = getattr(exc, "peer", None)
         cause = _short(exc)
         if peer is not None:
             cause = f"the connection to rank {peer} broke: {cause}"
         return inspect(arrival, waited, timeout_s, cause=cause)
-    if _is_timeout(exc):
+    if kind is Failure.TIMEOUT:
         return inspect(arrival, waited, timeout_s)
     return CollectiveError(f"exchange of {arrival.label()} failed on rank {runtime.rank()}: {first_line(exc, None)}")
 

@@ -14,6 +14,7 @@ from torch import nn
 
 from ringtrain import assignment, elastic, runtime
 from ringtrain.errors import CollectiveError, ConfigError, MismatchError
+from ringtrain.peer_failure import is_world_failure
 
 
 class _World:
@@ -152,7 +153,7 @@ def test_the_scripts_own_errors_are_not_taken_for_a_lost_peer(monkeypatch: pytes
     (KeyError("x"), False),
 ])
 def test_which_errors_count_as_a_lost_peer(exc: BaseException, lost: bool) -> None:
-    assert elastic._is_world_failure(exc) is lost
+    assert is_world_failure(exc) is lost
 
 
 def test_a_fixed_size_job_raises_as_before(tmp_path: Path) -> None:
