@@ -8,7 +8,7 @@ thread looping on ``TCPStore.set`` at exit aborts the process 20 times in 20 her
 each such thread is tracked here, and the runtime's exit handler, which runs before
 finalization, asks them to stop and joins them (:func:`settle`). A thread that does
 not finish in time is reported, and the process leaves with status 1 instead of
-aborting (see ``runtime._exit_guard``). Leaf module: the standard library only.
+aborting (see ``runtime.membership.Membership._exit_guard``). Leaf module: the standard library only.
 """
 
 from __future__ import annotations

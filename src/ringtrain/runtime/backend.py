@@ -1,0 +1,66 @@
+"""What a process sets up for itself when it joins: the backend, its device, the
+interface Gloo binds, and the ``[ringtrain rank N]`` log prefix (pure decisions, apart
+from pinning the device and adding the log handler once)."""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from ringtrain import addresses
+from ringtrain.env import LaunchEnv
+from ringtrain.errors import ConfigError
+
+__all__ = ["choose_backend", "configure_logging", "gloo_interface", "pin_device"]
+
+log = logging.getLogger("ringtrain")
+
+
+def choose_backend(requested: str, local_size: int) -> str:
+    if requested != "auto":
+        if requested == "nccl" and not torch.cuda.is_available():
+            raise ConfigError(
+                "backend 'nccl' needs CUDA GPUs but none is available; use backend='gloo' or 'auto'"
+            )
+        return requested
+    # NCCL only when every process on this host can own a GPU: sharing one GPU
+    # between NCCL ranks is unsupported (ncclInvalidUsage).
+    if torch.cuda.is_available() and torch.cuda.device_count() >= local_size:
+        return "nccl"
+    return "gloo"
+
+
+def gloo_interface(env: LaunchEnv) -> str | None:
+    """The interface Gloo should bind when the launcher did not say (None: leave it).
+
+    Gloo binds the address the host name resolves to, which may be 127.0.1.1 or an
+    interface the other hosts cannot reach (seen under srun). A one-host job stays on
+    loopback, so nothing listens on the network; across hosts, the interface that routes
+    to rank 0. (Gloo reads only the variable ``GLOO_SOCKET_IFNAME``.)
+    """
+    if env.gloo_interface is not None:
+        return None
+    if addresses.is_loopback(env.master_addr):
+        return "lo"
+    return addresses.interface_towards(env.master_addr)
+
+
+def pin_device(env: LaunchEnv) -> torch.device:
+    if torch.cuda.is_available() and torch.cuda.device_count() > env.local_rank:
+        torch.cuda.set_device(env.local_rank)
+        return torch.device("cuda", env.local_rank)
+    return torch.device("cpu")
+
+
+def configure_logging(env: LaunchEnv) -> None:
+    # One handler for the "ringtrain" logger with the rank in every line, added once.
+    if any(getattr(h, "_ringtrain", False) for h in log.handlers):
+        return
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter(f"[ringtrain rank {env.rank}] %(levelname)s %(message)s"))
+    handler._ringtrain = True  # type: ignore[attr-defined]
+    log.addHandler(handler)
+    if log.level == logging.NOTSET:
+        log.setLevel(logging.WARNING)
+    log.propagate = False

@@ -1,0 +1,282 @@
+"""The world object: this process's place in the job, and the one thing that changes it.
+
+:class:`Membership` owns what the process knows about the job it is in: the
+:class:`World` it joined (rank, size, device, settings), the store of that world
+(:class:`~ringtrain.runtime.rendezvous.Rendezvous`, with the generation and key prefix),
+whether the world broke under it, and the shutdown hooks of the layers above. Its
+methods are the only ways in and out:
+
+=====================  ==========================================================
+``join()``             read the launch environment (or the assigned world), rendezvous,
+                       start the process group, pin the device (``rt.init()``)
+``leave()``            end the world cleanly, waiting for the others (``rt.shutdown()``)
+``abandon()``          leave a world whose peers may be gone, without waiting
+``assign(overlay)``    name the next world (a resizable job's assignment from ringrun)
+``sever(addresses)``   shut this process's connections to those hosts
+``mark_broken()``      a peer vanished mid-exchange: no teardown, exit with status 1
+=====================  ==========================================================
+
+:data:`MEMBERSHIP` is the process's one instance; :mod:`ringtrain.runtime` reads it
+(``rt.rank()`` is ``MEMBERSHIP.world.env.rank``).
+"""
+
+from __future__ import annotations
+
+import atexit
+import datetime
+import logging
+import os
+import sys
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from ringtrain import assignment, inflight, lingering
+from ringtrain import sever as sever_mod
+from ringtrain.env import LaunchEnv, parse_env
+from ringtrain.errors import ConfigError, LaunchEnvError, NotInitializedError
+from ringtrain.runtime import backend
+from ringtrain.runtime.rendezvous import Rendezvous, await_everyone, wait_for_everyone_to_leave
+from ringtrain.settings import Settings, load_settings
+
+__all__ = ["MEMBERSHIP", "Membership", "World"]
+
+log = logging.getLogger("ringtrain")
+
+
+@dataclass(frozen=True)
+class World:
+    """The job as this process sees it after ``rt.init()``."""
+
+    env: LaunchEnv
+    backend: str
+    device: torch.device
+    settings: Settings
+    #: False when the script had initialised torch.distributed itself (it ends the group).
+    owns_group: bool = True
+
+
+class Membership:
+    """This process's place in the job (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self.world: World | None = None
+        self.store: dist.Store | None = None
+        #: Why the process groups cannot be torn down any more (None: they can).
+        self.broken: str | None = None
+        self.rendezvous = Rendezvous()
+        self._hooks: list[Callable[[], None]] = []
+        self._exit_guard_registered = False
+        #: A resizable job: the launch variables of the world to join next (see assign()),
+        #: and whether GLOO_SOCKET_IFNAME was set by join() (then each world picks its own).
+        self._assigned: dict[str, str] = {}
+        self._gloo_iface_ours = False
+
+    # -- reads -----------------------------------------------------------------------------
+
+    def current(self) -> World:
+        if self.world is None:
+            raise NotInitializedError("ringtrain is not initialised; call rt.init() first")
+        return self.world
+
+    @property
+    def generation(self) -> int:
+        """How many times this process has joined through the same store connection."""
+        return self.rendezvous.generation
+
+    # -- joining ---------------------------------------------------------------------------
+
+    def join(self, backend_name: str | None = None, timeout: float | None = None) -> World:
+        """Join the job described by the environment (laid over with the assigned world);
+        a no-launcher run is a 1-process world. Joined already: the current world."""
+        if self.world is not None:
+            return self.world
+        cfg = load_settings(backend=backend_name, init_timeout=timeout)
+        env = parse_env({**os.environ, **self._assigned} if self._assigned else os.environ)
+        backend.configure_logging(env)
+        if not self._exit_guard_registered:
+            # Registered first, so it runs last among the exit handlers (they run in reverse).
+            atexit.register(self._exit_guard)
+            self._exit_guard_registered = True
+        if dist.is_initialized():
+            self.world, self.store = self._join_existing(env, cfg)
+            return self.world
+        chosen = backend.choose_backend(cfg.backend, env.local_size)
+        if chosen == "gloo":
+            iface = backend.gloo_interface(env)
+            if iface:
+                os.environ["GLOO_SOCKET_IFNAME"] = iface
+                self._gloo_iface_ours = True
+        pg_timeout = datetime.timedelta(seconds=cfg.init_timeout)
+        store = self.rendezvous.open(env, pg_timeout)
+        await_everyone(store, env, cfg.init_timeout)
+        dev = backend.pin_device(env)
+        dist.init_process_group(chosen, store=store, rank=env.rank, world_size=env.size, timeout=pg_timeout)
+        self.store = store
+        self.world = World(env=env, backend=chosen, device=dev, settings=cfg, owns_group=True)
+        log.info("joined %s world of %d (backend %s, device %s)", env.launcher, env.size, chosen, dev)
+        if env.elastic_file:
+            self._acknowledge(env)
+        return self.world
+
+    def _join_existing(self, env: LaunchEnv, cfg: Settings) -> tuple[World, dist.Store]:
+        """The script called ``torch.distributed.init_process_group()`` itself (as scripts
+        written for torchrun do): use that group and its store instead of a second rendezvous."""
+        if (dist.get_rank(), dist.get_world_size()) != (env.rank, env.size):
+            raise LaunchEnvError(
+                f"torch.distributed was initialised as rank {dist.get_rank()} of "
+                f"{dist.get_world_size()}, but the launcher says rank {env.rank} of {env.size}; "
+                "call rt.init() before init_process_group(), or pass the launcher's RANK and WORLD_SIZE"
+            )
+        store = self.rendezvous.joined_existing(env)
+        name = str(dist.get_backend())
+        dev = backend.pin_device(env)
+        world = World(env=env, backend=name, device=dev, settings=cfg, owns_group=False)
+        log.info("joined the existing %s group of %d (device %s)", name, env.size, dev)
+        return world, store
+
+    @staticmethod
+    def _acknowledge(env: LaunchEnv) -> None:
+        """Tell ringrun this process has joined world ``env.version`` (a resizable job)."""
+        try:
+            assignment.write_ack(env.elastic_file, env.version)
+        except OSError as exc:  # ringrun then never sees the world form: it does not grow it
+            log.warning("cannot write %s: %s", assignment.ack_path(env.elastic_file), exc.strerror)
+
+    def connect_store(self) -> dist.Store | None:
+        """A new connection to this job's store, under the current prefix (None in a
+        1-process world without a store)."""
+        w = self.current()
+        return self.rendezvous.connect(w.env, w.settings)
+
+    # -- leaving ---------------------------------------------------------------------------
+
+    def leave(self) -> None:
+        """Leave the job; safe to call twice or without :meth:`join`."""
+        w = self.world
+        if w is None:
+            return
+        if self.broken is not None:
+            # A peer is gone mid-exchange: tearing the groups down would wait for it.
+            self.world = self.store = None
+            return
+        for fn in list(self._hooks):
+            fn()
+        inflight.drain()
+        if w.owns_group and dist.is_initialized():
+            dist.destroy_process_group()  # a group the script made itself is the script's to end
+        if w.owns_group and w.env.size > 1 and self.store is not None:
+            wait_for_everyone_to_leave(self.store, w.env, w.settings)
+        self.world = self.store = None
+
+    def abandon(self) -> None:
+        """Leave the world without waiting for its peers (a resizable job re-forming after a
+        loss, or growing). Call :meth:`sever` on the world's addresses first: then no thread
+        of the old groups waits on a peer, and they are destroyed at once. Clears the broken
+        mark, so the next :meth:`join` (after :meth:`assign`) starts clean."""
+        w = self.world
+        if w is not None:
+            self._run_hooks_leniently("abandon")
+            if w.owns_group and dist.is_initialized():
+                try:
+                    dist.destroy_process_group()
+                except Exception as exc:  # noqa: BLE001 - the world is gone whatever it raised
+                    log.debug("abandon: destroying the groups failed (%s)", exc)
+        self.world = self.store = None
+        self.broken = None
+
+    def assign(self, overlay: Mapping[str, str]) -> None:
+        """Make the next :meth:`join` join the world ``overlay`` describes: launch variables
+        laid over the process's environment (a resizable job's next world, as ringrun wrote
+        it, see :mod:`ringtrain.assignment`). Call it while not joined."""
+        if self.world is not None:
+            raise ConfigError("runtime.assign() while initialised: leave the world first "
+                              "(shutdown() or abandon())")
+        self._assigned = dict(overlay)
+        if self._gloo_iface_ours:  # chosen for the last world's rank 0: choose again for this one
+            os.environ.pop("GLOO_SOCKET_IFNAME", None)
+            self._gloo_iface_ours = False
+
+    def sever(self, addresses: Collection[str]) -> int:
+        """Shut down this process's connections to ``addresses`` (a resizable job leaving a
+        world), so nothing of the world waits on a peer that vanished. Spared: the
+        connections the script had before it joined, and those of this process's own store
+        server (other worlds' ranks use it). Returns how many were shut down."""
+        if not addresses:
+            return 0
+        # Connections other processes made to this one's server stay: a later world's ranks
+        # may be connecting to it while this runs (so the port is checked per connection,
+        # not from a list taken earlier).
+        own = self.rendezvous.own_port
+        keep = () if own is None else (own,)
+        return sever_mod.sever(addresses, keep_local_ports=keep, spare=self.rendezvous.spared)
+
+    # -- a world that broke under the process ------------------------------------------------
+
+    def mark_broken(self, reason: str) -> None:
+        """A collective failed because a peer stopped or vanished mid-exchange.
+
+        The process groups cannot be torn down cleanly any more: Gloo's destructor joins a
+        thread that is blocked receiving from that peer, for up to the init timeout (300 s),
+        so a rank that raised a StallError would linger instead of ending the job. From now
+        on :meth:`leave` skips the teardown, and at exit the process leaves at once (after
+        the other exit handlers ran: timeline and doctor reports are still written) with
+        status 1, so the launcher stops the job and can restart it.
+        """
+        if self.broken is None:
+            self.broken = reason
+            log.debug("process groups marked broken: %s", reason)
+
+    def add_shutdown_hook(self, fn: Callable[[], None]) -> None:
+        """Run ``fn`` in :meth:`leave` before the process group goes (layers below the
+        runtime, such as the exchange strategies, release their groups and threads here)."""
+        if fn not in self._hooks:
+            self._hooks.append(fn)
+
+    def _run_hooks_leniently(self, when: str) -> None:
+        """The shutdown hooks, for a world that is over either way: a failing one is logged."""
+        for fn in list(self._hooks):
+            try:
+                fn()
+            except Exception as exc:  # noqa: BLE001 - the world is gone whatever it raised
+                log.debug("%s: shutdown hook failed (%s)", when, exc)
+
+    def _exit_wait_s(self) -> float:
+        """How long exit waits for ringtrain's threads: as long as an exchange may wait
+        (rank 0's store answers from a thread of its own even while its script is busy, so
+        only a frozen or vanished rank 0 makes this wait)."""
+        stall = self.world.settings.stall_timeout if self.world is not None else 0.0
+        return max(5.0, stall)
+
+    def _exit_guard(self) -> None:
+        if self.broken is None:
+            if self.world is not None:
+                # Left without shutdown(): release what the layers above hold (exchange
+                # groups and their threads, stall reporting) now, while their threads can
+                # still be joined. The process group itself is left as torch leaves it.
+                self._run_hooks_leniently("exit")
+            # The backend's threads must let go of our tensors while the interpreter can
+            # still take their decrefs (see ringtrain.inflight).
+            inflight.drain()
+            # No thread of ours may be inside a backend call once finalization starts
+            # (see ringtrain.lingering): one that does not finish in time makes this a
+            # clean exit with status 1 rather than an abort.
+            wait_s = self._exit_wait_s()
+            stuck = lingering.settle(wait_s)
+            if not stuck:
+                return
+            print(f"ringtrain: thread(s) {', '.join(stuck)} still inside a backend call at exit "
+                  f"after {wait_s:.0f} s (a peer or rank 0's store does not answer); "
+                  "leaving with status 1 instead of aborting", file=sys.stderr)
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:  # noqa: BLE001 - a closed stream: nothing more to write
+                pass
+        os._exit(1)
+
+
+#: The process's one membership (a process is in at most one world at a time).
+MEMBERSHIP = Membership()
