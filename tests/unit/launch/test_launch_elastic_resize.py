@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from ringtrain import assignment, elastic, runtime
+from ringtrain.elastic import resize
 from ringtrain.errors import CollectiveError, ConfigError, MismatchError
 from ringtrain.peer_failure import is_world_failure
 
@@ -25,10 +26,10 @@ class _World:
         self.log: list[Any] = []
         self.path = path
         self.fail_joins = 0
-        monkeypatch.setattr(elastic, "_watcher", None)
-        monkeypatch.setattr(elastic, "resizable", lambda: True)
-        monkeypatch.setattr(elastic, "world_version", lambda: self.version)
-        monkeypatch.setattr(elastic, "REFORM_WAIT_S", 5.0)
+        monkeypatch.setattr(resize, "_watcher", None)
+        monkeypatch.setattr(resize, "resizable", lambda: True)
+        monkeypatch.setattr(resize, "world_version", lambda: self.version)
+        monkeypatch.setattr(resize, "REFORM_WAIT_S", 5.0)
         monkeypatch.setattr(runtime, "sever", lambda addrs: self.log.append(("sever", sorted(addrs))) or 0)
         monkeypatch.setattr(runtime, "assign", lambda env: self.log.append(("assign", dict(env))))
         monkeypatch.setattr(runtime, "world", self._env)

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from ringtrain import checkpoint, elastic, runtime
+from ringtrain.elastic import ElasticState
 from ringtrain.horovod.elastic.sampler import ElasticSampler
 
 __all__ = ["HostsUpdatedInterrupt", "ObjectState", "State", "TorchState", "persist_path"]
@@ -53,20 +54,14 @@ def _persist_interval() -> float:
         return 1.0
 
 
-class State:
-    """Base: reset callbacks, commit, and the hooks subclasses fill in."""
+class State(ElasticState):
+    """Horovod's base state: commit (in memory, persisted by rank 0 in a fixed-size job),
+    and the hooks subclasses fill in; reset callbacks, ``restore()`` and ``sync()`` are
+    those of every elastic state (:class:`ringtrain.elastic.ElasticState`)."""
 
     def __init__(self) -> None:
-        self._reset_callbacks: list[Callable[[], None]] = []
+        super().__init__()
         self._last_persist = 0.0
-
-    def register_reset_callbacks(self, callbacks: list[Callable[[], None]]) -> None:
-        """Called after the job was reset (here: restarted and resumed from a commit)."""
-        self._reset_callbacks.extend(callbacks)
-
-    def on_reset(self) -> None:
-        for cb in self._reset_callbacks:
-            cb()
 
     def commit(self) -> None:
         """Remember the current state (in memory; rank 0 persists it), then check hosts."""
@@ -118,12 +113,6 @@ class State:
     # -- filled in by subclasses --------------------------------------------------------
 
     def save(self) -> None:
-        raise NotImplementedError
-
-    def restore(self) -> None:
-        raise NotImplementedError
-
-    def sync(self) -> None:
         raise NotImplementedError
 
     def snapshot(self) -> dict[str, Any]:

@@ -1,0 +1,234 @@
+"""Resizing in place (``ringrun --min-np M --max-np N``): the worker's side of a resize.
+
+The job is a series of worlds; ringrun writes each worker's next one to its assignment
+file (:mod:`ringtrain.assignment`; the launcher's side is :mod:`ringtrain.launch.elastic`).
+A watcher thread follows that file. When a collective fails because a peer is gone
+(:func:`ringtrain.peer_failure.is_world_failure`) and ringrun has written the next
+world, :func:`drive` restores the last commit, closes the old world's connections (a
+host that vanished silently would leave them hanging), leaves the old world without
+waiting for it, joins the new one, calls the reset callbacks and syncs the state from
+rank 0 (the new workers of a grow get it that way). A grow is taken at a commit:
+:func:`hosts_updated` (every rank, at the same point) tells whether ringrun has a newer
+world, and the state raises :class:`~ringtrain.elastic.state.HostsUpdated`. Without
+ringrun's ``--min-np``/``--max-np`` nothing of this is active and a failure propagates
+as before.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from ringtrain import assignment, collectives, runtime
+from ringtrain.elastic.state import ElasticState, HostsUpdated
+from ringtrain.errors import LaunchError, first_line
+from ringtrain.peer_failure import is_world_failure
+
+__all__ = ["POLL_S", "REFORM_WAIT_S", "drive", "follow_world", "hosts_updated", "resizable",
+           "world_version"]
+
+log = logging.getLogger("ringtrain.elastic")
+
+T = TypeVar("T")
+
+#: Seconds a failed collective waits for ringrun's next world before it is re-raised.
+#: ringrun notices a host that vanished silently through ssh's keep-alive (about 15 s,
+#: see launch/ssh.py) and a partitioned one through the agent's heartbeat (30 s).
+REFORM_WAIT_S = 120.0
+#: How often a worker looks at its assignment file.
+POLL_S = 0.1
+
+
+class _AssignmentWatcher:
+    """Follows this worker's assignment file (ringrun's next world) on a daemon thread.
+
+    A world that lost hosts is acted on at once: the connections to the lost hosts are
+    closed, so an operation blocked on one that vanished fails now instead of after its
+    timeout. A world that replaces one being joined makes that join fail the same way.
+    """
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.current = -1  # the world this process is in (or joining)
+        self.joining = False
+        self._latest: dict[str, Any] | None = None
+        self._cond = threading.Condition()
+        self._thread = threading.Thread(target=self._run, name="ringtrain-elastic-watch", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        seen = -1
+        while True:
+            try:
+                data = assignment.read_assignment(self.path)
+                if data is not None and data["version"] > seen:
+                    seen = data["version"]
+                    if seen > self.current:  # before anyone waiting for it moves on
+                        self._act(data)
+                    with self._cond:
+                        self._latest = data
+                        self._cond.notify_all()
+            except Exception as exc:  # noqa: BLE001 - the watcher must outlive a bad file
+                log.debug("elastic watcher: %s", exc)
+            time.sleep(POLL_S)
+
+    def _act(self, data: dict[str, Any]) -> None:
+        lost = [str(a) for a in data.get("lost") or []]
+        addresses = [str(a) for a in data.get("addresses") or []]
+        try:
+            if self.joining:
+                n = runtime.sever(addresses)
+                log.debug("world %s replaces the one being joined: %d connection(s) closed", data["version"], n)
+            elif lost:
+                # The old world is over for every survivor, not only for the ranks that
+                # talked to the lost host: one may wait on another survivor that has
+                # already left (a broadcast from it, a store key it would have set) and
+                # would only be freed by the stall timeout. Close all of the old world.
+                n = runtime.sever(sorted(set(lost) | set(addresses)))
+                log.debug("world %s: hosts %s lost, %d connection(s) closed", data["version"], lost, n)
+        except (OSError, ValueError) as exc:  # /proc unreadable: operations time out instead
+            log.debug("cannot close connections: %s", exc)
+
+    def latest(self) -> dict[str, Any] | None:
+        with self._cond:
+            return self._latest
+
+    def newer(self, than: int, timeout: float) -> dict[str, Any] | None:
+        """ringrun's newest world if it is after ``than``, waiting up to ``timeout``."""
+        with self._cond:
+            self._cond.wait_for(lambda: self._latest is not None and self._latest["version"] > than,
+                                timeout)
+            latest = self._latest
+        return latest if latest is not None and latest["version"] > than else None
+
+
+_watcher: _AssignmentWatcher | None = None
+_watcher_lock = threading.Lock()
+
+
+def resizable() -> bool:
+    """Whether this process belongs to a resizable job (``ringrun --min-np/--max-np``)."""
+    return runtime.is_initialized() and bool(runtime.world().env.elastic_file)
+
+
+def world_version() -> int:
+    """Which of a resizable job's worlds this process is in (0: the first)."""
+    return runtime.world().env.version if runtime.is_initialized() else 0
+
+
+def _watch() -> _AssignmentWatcher:
+    global _watcher
+    with _watcher_lock:
+        if _watcher is None:
+            _watcher = _AssignmentWatcher(runtime.world().env.elastic_file)
+        _watcher.current = max(_watcher.current, world_version())
+        return _watcher
+
+
+def hosts_updated() -> bool:
+    """Whether ringrun has a newer world than this one. Collective: every rank calls it
+    at the same point (a commit); rank 0's answer is everyone's, so all move together."""
+    if not resizable():
+        return False
+    mine = _watch().latest() if runtime.rank() == 0 else None
+    newest = collectives.broadcast_object(mine["version"] if mine else -1, root_rank=0,
+                                          name="elastic.hosts_updated")
+    return int(newest) > world_version()
+
+
+def follow_world(optimizer: Any) -> None:
+    """Bring a ``DistributedOptimizer`` to the current world after a resize: its averaging
+    divides by the new size, an interrupted step is forgotten, and the first-step
+    agreements (layout check, sparse parameters) run again on every rank, as they do on
+    the ranks that just started."""
+    changed = getattr(optimizer, "world_changed", None)
+    if callable(changed):
+        changed()  # ringtrain's DistributedOptimizer; any other caches nothing of the world
+
+
+class _Reformer:
+    """Moves this process from the world it is in to ringrun's next one."""
+
+    def __init__(self, leave: Callable[[Callable[[], object]], None], join: Callable[[], None]) -> None:
+        self.leave = leave
+        self.join = join
+
+    def next_world(self, wait: float) -> bool:
+        """Whether ringrun has (or, within ``wait`` seconds, writes) a newer world."""
+        return resizable() and _watch().newer(world_version(), wait) is not None
+
+    def reform(self) -> None:
+        watcher = _watch()
+        target = watcher.newer(world_version(), 0.0)
+        if target is None:
+            raise LaunchError("no newer world from ringrun to move to")
+        while True:
+            # Everything of the old world goes: its connections (so nothing of it waits
+            # on a peer; ``leave`` says when), then its groups.
+            addresses = [str(a) for a in target.get("addresses") or []]
+            self.leave(functools.partial(runtime.sever, addresses))
+            runtime.assign({str(k): str(v) for k, v in target["env"].items()})
+            watcher.current = int(target["version"])
+            watcher.joining = True
+            try:
+                newer = watcher.newer(int(target["version"]), 0.0)
+                if newer is not None:  # replaced before the watcher knew we were joining
+                    target = newer
+                    continue
+                self.join()
+                return
+            except Exception as exc:  # noqa: BLE001 - a newer world may have replaced this one
+                newer = watcher.newer(int(target["version"]), 0.0)
+                if newer is None:  # the reason may be on its way (a peer just died)
+                    newer = watcher.newer(int(target["version"]), 2.0)
+                if newer is None:
+                    raise
+                log.warning("world %s did not form (%s); joining world %s",
+                            target["version"], first_line(exc, None),
+                            newer["version"])
+                target = newer
+            finally:
+                watcher.joining = False
+
+
+def leave_world(sever: Callable[[], object]) -> None:
+    """How ``rt.elastic`` leaves a world: close its connections, then abandon it."""
+    sever()
+    runtime.abandon()
+
+
+def drive(call: Callable[[], T], state: ElasticState, leave: Callable[[Callable[[], object]], None],
+          join: Callable[[], None], start: Callable[[], None]) -> T:
+    """The elastic loop under :func:`run` and ``hvd.elastic.run``: ``start()`` once,
+    then ``call()`` until it returns; a lost peer (with a newer world from ringrun) or a
+    :class:`HostsUpdated` moves the process to the next world, where the reset callbacks
+    run and the state is synced from rank 0 (Horovod's order). ``leave(sever)`` leaves
+    the old world, calling ``sever()`` (close its connections) before it waits on any
+    of its threads; ``join()`` joins the next one (the runtime is assigned it)."""
+    reformer = _Reformer(leave, join)
+    if resizable():
+        _watch()
+    start()
+    while True:
+        try:
+            return call()
+        except HostsUpdated as exc:
+            # Rank 0 saw the new world; this rank's copy may be a moment behind.
+            if not reformer.next_world(REFORM_WAIT_S):
+                raise
+            skip_sync = exc.skip_sync
+        except BaseException as exc:
+            if not is_world_failure(exc) or not reformer.next_world(REFORM_WAIT_S):
+                raise
+            log.warning("a peer failed (%s); moving to ringrun's next world",
+                        first_line(exc))
+            state.restore()
+            skip_sync = False
+        reformer.reform()
+        state.on_reset()
+        if not skip_sync:
+            state.sync()

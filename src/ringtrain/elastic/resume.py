@@ -1,0 +1,230 @@
+"""Training that survives a dead worker: periodic checkpoints and an exact resume.
+
+``ringrun --max-restarts K`` restarts the whole job when a worker dies; :class:`Resumable`
+makes the script pick up where the last checkpoint left off, so at most ``every`` steps
+are redone and the result is the same as an uninterrupted run (bit for bit on CPU with
+fixed seeds: model, optimizer, the loader's position and every rank's random number
+generators are restored). A restart gives every attempt a fresh process group and
+rendezvous (a dead attempt's store keys are never read again, see
+:mod:`ringtrain.runtime.rendezvous`), and costs one interpreter start plus the work since
+the last checkpoint.
+
+In a resizable job (:mod:`.resize`) the same state also commits in memory at every step
+(:meth:`Resumable.commit`), and a resize restores and syncs it without touching disk.
+
+Every rank must call :meth:`Resumable.resume`, :meth:`Resumable.step_done` and
+:meth:`Resumable.save` at the same steps (they exchange the per-rank states).
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import os
+import random
+import re
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ringtrain import checkpoint, collectives, replicate, runtime
+from ringtrain.elastic.resize import follow_world, resizable
+from ringtrain.elastic.state import ElasticState, Stateful
+from ringtrain.errors import ConfigError
+
+__all__ = ["Resumable", "attempt"]
+
+log = logging.getLogger("ringtrain.elastic")
+
+_NAME = "step-{:09d}" + checkpoint.SUFFIX
+_STEP = re.compile(r"step-(\d+)" + re.escape(checkpoint.SUFFIX) + "$")
+
+
+def attempt() -> int:
+    """How many times ringrun (or torchrun) has restarted this job; 0 on the first start."""
+    return runtime.world().env.attempt if runtime.is_initialized() else 0
+
+
+def _rng_state() -> dict[str, Any]:
+    state: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    random.setstate(state["python"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+class Resumable(ElasticState):
+    """Saves the training state every ``every`` steps and restores the newest on start.
+
+    ``extra`` is a dict of plain values (epoch, best score...) saved and restored with
+    the rest; read it after :meth:`resume`.
+    """
+
+    def __init__(
+        self,
+        directory: str | os.PathLike[str],
+        *,
+        model: Stateful,
+        optimizer: Stateful | None = None,
+        loader: Stateful | None = None,
+        every: int = 100,
+        keep: int = 2,
+        extra: dict[str, Any] | None = None,
+    ) -> None:
+        if every < 1:
+            raise ConfigError(f"every must be >= 1 step, got {every}")
+        if keep < 1:
+            raise ConfigError(f"keep must be >= 1 checkpoint, got {keep}")
+        super().__init__()
+        self.directory = Path(directory)
+        self.model = model
+        self.optimizer = optimizer
+        self.loader = loader
+        self.every = every
+        self.keep = keep
+        self.extra: dict[str, Any] = dict(extra or {})
+        #: The step the last :meth:`resume` started from (0 on a fresh start).
+        self.start_step = 0
+        #: The checkpoint :meth:`resume` loaded, if any.
+        self.resumed_from: Path | None = None
+        #: The step to go on from: the last resume or commit (what :func:`run` restarts at).
+        self.step = 0
+        self._commit: dict[str, Any] | None = None
+
+    def _size_rank(self) -> tuple[int, int]:
+        if runtime.is_initialized():
+            return runtime.size(), runtime.rank()
+        return 1, 0
+
+    def resume(self) -> int:
+        """Load the newest complete checkpoint (every rank gets it); the step to go on from.
+
+        Without a checkpoint, rank 0's model parameters are broadcast so every rank starts
+        from the same weights, and 0 is returned.
+        """
+        size, rank = self._size_rank()
+        path = checkpoint.latest(self.directory, pattern="step-*" + checkpoint.SUFFIX)
+        if size > 1:
+            # Rank 0 decides: the directory may not be shared, or may change under us.
+            path = collectives.broadcast_object(str(path) if path else None, root_rank=0,
+                                                name="elastic.resume")
+            path = Path(path) if path else None
+        if path is None:
+            if size > 1:
+                for name, tensor in self.model.state_dict().items():
+                    collectives.broadcast_(tensor, root_rank=0, name=f"elastic.init {name}")
+            self.start_step = self.step = 0
+            return 0
+        state = checkpoint.load(path)  # safe: only what Resumable itself saves
+        self.model.load_state_dict(state["model"])
+        if self.optimizer is not None and state.get("optimizer") is not None:
+            self.optimizer.load_state_dict(state["optimizer"])
+        per_rank = state.get("per_rank") or []
+        mine = per_rank[rank] if len(per_rank) == size else None
+        if mine is None and per_rank:
+            log.warning("checkpoint %s was written by %d ranks, this job has %d: loader positions "
+                        "come from rank 0 and random generators are not restored",
+                        path, len(per_rank), size)
+        if self.loader is not None:
+            loader_state = (mine or per_rank[0])["loader"] if per_rank else None
+            if loader_state is not None:
+                self.loader.load_state_dict(loader_state)
+        if mine is not None:
+            _set_rng_state(mine["rng"])
+        self.extra.update(state.get("extra", {}))
+        self.start_step = self.step = int(state["step"])
+        self.resumed_from = path
+        log.info("resumed from %s at step %d", path, self.start_step)
+        return self.start_step
+
+    def step_done(self, step: int) -> bool:
+        """Call after each step with the number of steps completed; saves on multiples of
+        ``every`` (and, in a resizable job, commits in memory every step)."""
+        if resizable():
+            self.commit(step)
+        if step % self.every:
+            return False
+        self.save(step)
+        return True
+
+    # -- resizing in place (see ringtrain.elastic.resize) ------------------------------------
+
+    def commit(self, step: int) -> None:
+        """Remember the state after ``step`` steps in memory (no collective, no disk);
+        :meth:`restore` goes back to it."""
+        self.step = step
+        self._commit = copy.deepcopy({
+            "step": step,
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict() if self.optimizer is not None else None,
+            "loader": self.loader.state_dict() if self.loader is not None else None,
+            "extra": self.extra,
+        })
+
+    def restore(self) -> None:
+        """Go back to the last :meth:`commit` (after a peer failed mid-step)."""
+        if self._commit is None:
+            return
+        snap = copy.deepcopy(self._commit)
+        self.model.load_state_dict(snap["model"])
+        if self.optimizer is not None and snap["optimizer"] is not None:
+            self.optimizer.load_state_dict(snap["optimizer"])
+        if self.loader is not None and snap["loader"] is not None:
+            self.loader.load_state_dict(snap["loader"])
+        self.extra = snap["extra"]
+        self.step = int(snap["step"])
+
+    def sync(self) -> None:
+        """Every rank takes rank 0's state (collective; after the job changed size)."""
+        if self.optimizer is not None:
+            follow_world(self.optimizer)
+        if runtime.size() > 1:
+            replicate.broadcast_parameters(self.model.state_dict(), root_rank=0)
+            if isinstance(self.optimizer, torch.optim.Optimizer):
+                replicate.broadcast_optimizer_state(self.optimizer, root_rank=0)
+            mine = {"step": self.step, "extra": self.extra,
+                    "loader": self.loader.state_dict() if self.loader is not None else None}
+            got = collectives.broadcast_object(mine if runtime.rank() == 0 else None, root_rank=0,
+                                               name="elastic.sync")
+            self.step, self.extra = int(got["step"]), dict(got["extra"])
+            if self.loader is not None and got["loader"] is not None:
+                # The rest of the epoch is split over the new world (the loader's state is
+                # a global position, see ringtrain.data.order).
+                self.loader.load_state_dict(got["loader"])
+        self.commit(self.step)
+
+    def save(self, step: int) -> Path | None:
+        """Save now (every rank must call it); rank 0 writes ``step-<step>.ckpt``."""
+        size, rank = self._size_rank()
+        mine = {
+            "rng": _rng_state(),
+            "loader": self.loader.state_dict() if self.loader is not None else None,
+        }
+        per_rank = collectives.allgather_object(mine, name="elastic.save") if size > 1 else [mine]
+        if rank != 0:
+            return None
+        state = {
+            "step": step,
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict() if self.optimizer is not None else None,
+            "per_rank": per_rank,
+            "extra": dict(self.extra),
+        }
+        path = checkpoint.save(self.directory / _NAME.format(step), state)
+        self._prune()
+        return path
+
+    def _prune(self) -> None:
+        found = sorted(
+            (int(m.group(1)), p) for p in self.directory.glob("step-*" + checkpoint.SUFFIX)
+            if (m := _STEP.search(p.name))
+        )
+        for _, old in found[: -self.keep]:
+            old.unlink(missing_ok=True)
