@@ -20,7 +20,9 @@ from __future__ import annotations
 import errno
 import socket
 
-__all__ = ["in_use", "listen_on", "reserve"]
+from ringtrain.errors import ConfigError
+
+__all__ = ["in_use", "listen_on", "reserve", "reserve_rendezvous"]
 
 
 def reserve(addr: str, port: int) -> socket.socket:
@@ -52,3 +54,23 @@ def listen_on(fd: int) -> int:
 def in_use(exc: OSError) -> bool:
     """Whether a bind or listen failed because the port is taken."""
     return exc.errno == errno.EADDRINUSE
+
+
+def reserve_rendezvous(addr: str, port: int, host: str | None = None) -> socket.socket:
+    """:func:`reserve` rank 0's rendezvous port for a job, or a ConfigError that says what
+    to do: on ringrun's own host (``host`` None) or, by its host agent, on ``host``."""
+    try:
+        return reserve(addr, port)
+    except OSError as exc:
+        if host is None:
+            if port and in_use(exc):
+                raise ConfigError(f"--master-port {port} is in use on {addr}; choose another port or "
+                                  "omit --master-port to let ringrun pick a free one") from None
+            raise ConfigError(f"cannot listen on {addr}:{port} ({exc.strerror}); pass --master-addr "
+                              "with an address of this host") from None
+        if port and in_use(exc):
+            raise ConfigError(f"port {port} on {addr} is in use on host {host}; "
+                              "choose another --master-port or omit it") from None
+        raise ConfigError(f"cannot listen on {addr}:{port} on host {host} "
+                          f"({exc.strerror}); pass --master-addr or --network-interface with an "
+                          "address of rank 0's host") from None

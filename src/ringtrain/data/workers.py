@@ -64,6 +64,7 @@ from ringtrain.data.protocol import (
 )
 from ringtrain.data.shm import Slot, WorkerSlots, create_shared_fd, slot_size_for
 from ringtrain.errors import DataError, WorkerDiedError, WorkerError
+from ringtrain.stopping import SpawnedProcess, stop_sequence
 
 __all__ = ["WorkerInfo", "get_worker_info", "WorkerPool", "fetch", "load_batch", "prefetch_next",
            "SampleError", "halves", "split_point"]
@@ -559,13 +560,8 @@ class WorkerPool:
         deadline = time.monotonic() + timeout
         for w in self.workers:
             w.proc.join(max(0.0, deadline - time.monotonic()))
+        stop_sequence([SpawnedProcess(w.proc) for w in self.workers], grace=1.0)
         for w in self.workers:
-            if w.proc.is_alive():
-                w.proc.terminate()
-                w.proc.join(1.0)
-            if w.proc.is_alive():
-                w.proc.kill()
-                w.proc.join(1.0)
             w.conn.close()
         self.workers.clear()
         self.owner.clear()

@@ -40,15 +40,14 @@ ringrun <- agent   ``J <id> <version>``  worker <id> joined world <version> (its
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import signal
 import socket
-import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
@@ -61,19 +60,15 @@ if not __package__:
 # Standard library only, as this module: the agent must answer without importing torch.
 from ringtrain import addresses, assignment, sockets  # noqa: E402
 from ringtrain.cpus import cpu_count  # noqa: E402
-from ringtrain.launch import output, reaper  # noqa: E402
+from ringtrain.errors import ConfigError  # noqa: E402
+from ringtrain.launch import reaper  # noqa: E402
+from ringtrain.launch.processes import Child, stop_marked  # noqa: E402
 
 __all__ = ["info", "main", "worker_extras"]
 
-_PR_SET_PDEATHSIG = 1
+#: Seconds the workers have to stop before they are killed (below ringrun's own grace,
+#: launch/job.py's STOP_GRACE_S, so the agent has stopped them when ringrun would).
 GRACE_S = 1.5
-
-
-def _die_with_parent() -> None:
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    except Exception:  # noqa: BLE001 - best effort
-        pass
 
 
 def info() -> dict[str, Any]:
@@ -115,8 +110,7 @@ class _Agent:
     def __init__(self, out: IO[bytes]) -> None:
         self.out = out
         self.lock = threading.Lock()
-        self.procs: dict[int, subprocess.Popen[bytes]] = {}
-        self.pumps: dict[int, threading.Thread] = {}
+        self.procs: dict[int, Child] = {}
         self.stopping = threading.Event()
         self.last_heard = time.monotonic()
         self.heartbeat_timeout = 0.0  # 0: no heartbeat expected
@@ -174,11 +168,7 @@ class _Agent:
                 self.files[rank] = world_file
                 os.makedirs(os.path.dirname(world_file) or ".", exist_ok=True)
             try:
-                proc = subprocess.Popen(
-                    spec["command"], env=env, cwd=cwd or None, stdin=subprocess.DEVNULL,
-                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
-                    pass_fds=fds, preexec_fn=_die_with_parent,
-                )
+                proc = Child(spec["command"], env, cwd=cwd or None, pass_fds=fds)
             except OSError as exc:
                 raise _Refused(f"cannot run {spec['command'][0]!r} on host {socket.gethostname()}: "
                                f"{exc.strerror}; check PATH there (pass it with -x PATH)") from None
@@ -188,16 +178,16 @@ class _Agent:
             if self.watchdog is not None:
                 self.watchdog.watch_group(proc.pid)
             self.send(f"S {rank} {proc.pid}".encode())
-            pump = threading.Thread(target=self._pump, args=(rank, proc), daemon=True)
-            pump.start()
-            self.pumps[rank] = pump
+            proc.pump(self._relay_output(rank))
 
-    def _pump(self, rank: int, proc: subprocess.Popen[bytes]) -> None:
-        assert proc.stdout is not None
+    def _relay_output(self, rank: int) -> Callable[[bytes, bool], None]:
         line_head, piece_head = f"O {rank} ".encode(), f"P {rank} ".encode()
-        # Bounded pieces: a 200 MB line costs one piece of memory here and in ringrun.
-        for piece, partial in output.pieces(proc.stdout):
+
+        def relay(piece: bytes, partial: bool) -> None:
+            # Bounded pieces: a 200 MB line costs one piece of memory here and in ringrun.
             self.send(piece_head + piece + b"\n" if partial else line_head + piece)
+
+        return relay
 
     def watch(self) -> int:
         """Report exits until every worker is done or a stop is requested; the exit code."""
@@ -216,7 +206,7 @@ class _Agent:
             for rank, proc in self.procs.items():
                 code = proc.poll()
                 if code is not None and rank not in reported:
-                    self.pumps[rank].join(1.0)  # its last lines before its exit
+                    proc.join_output(1.0)  # its last lines before its exit
                     reported[rank] = code
                     self.send(f"X {rank} {code}".encode())
             time.sleep(0.02)
@@ -225,7 +215,7 @@ class _Agent:
     def reserve(self, items: list[dict[str, Any]]) -> None:
         """Reserve a rendezvous port for each worker of a resizable job; report them."""
         for item in items:
-            sock = _reserve(str(item["addr"]), 0)
+            sock = _reserve(str(item["addr"]), 0)  # port 0: a free one
             self.reserved[int(item["id"])] = sock
             self.send(f"K {int(item['id'])} {sock.getsockname()[1]}".encode())
 
@@ -259,21 +249,8 @@ class _Agent:
                 pass  # other workers' files are still there (or it is gone)
 
     def stop(self) -> None:
-        for proc in self.procs.values():
-            _killpg(proc.pid, signal.SIGTERM)
-        if self.run_id:  # and what left the groups (setsid, a shell's grandchildren)
-            reaper.signal_job(self.run_id, signal.SIGTERM, skip_groups=[p.pid for p in self.procs.values()])
-        deadline = time.monotonic() + GRACE_S
-        while time.monotonic() < deadline and any(p.poll() is None for p in self.procs.values()):
-            time.sleep(0.02)
-        for proc in self.procs.values():
-            _killpg(proc.pid, signal.SIGKILL)  # the group too: loader workers, shells
-            try:
-                proc.wait(2.0)
-            except subprocess.TimeoutExpired:
-                pass
-        # What left the groups still carries the run id: whatever the TERM left, KILL.
-        reaper.end_job(self.run_id)
+        """Every worker's group, and what left them (setsid, a shell's grandchildren)."""
+        stop_marked(list(self.procs.values()), GRACE_S, self.run_id)
 
     def close_watchdog(self) -> None:
         if self.watchdog is not None:
@@ -284,24 +261,12 @@ class _Refused(Exception):
     pass
 
 
-def _killpg(pid: int, sig: int) -> None:
-    try:
-        os.killpg(pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
 def _reserve(addr: str, port: int) -> socket.socket:
-    """Reserve rank 0's rendezvous port on this host (see :mod:`ringtrain.sockets`)."""
+    """Reserve a rendezvous port on this host (see :mod:`ringtrain.sockets`)."""
     try:
-        return sockets.reserve(addr, port)
-    except OSError as exc:
-        if port and sockets.in_use(exc):
-            raise _Refused(f"port {port} on {addr} is in use on host {socket.gethostname()}; "
-                           "choose another --master-port or omit it") from None
-        raise _Refused(f"cannot listen on {addr}:{port} on host {socket.gethostname()} "
-                       f"({exc.strerror}); pass --master-addr or --network-interface with an "
-                       "address of rank 0's host") from None
+        return sockets.reserve_rendezvous(addr, port, host=socket.gethostname())
+    except ConfigError as exc:
+        raise _Refused(str(exc)) from None
 
 
 def _watch_stdin(agent: _Agent, stdin: IO[bytes]) -> None:

@@ -55,7 +55,7 @@ from ringtrain.launch.job import (
     job_run,
 )
 from ringtrain.launch.output import OutputSink
-from ringtrain.launch.proc import Member, stop_all
+from ringtrain.launch.processes import Member, stop_all
 from ringtrain.launch.remote import HOST_LOST, RemoteHost
 from ringtrain.launch.worlds import Blacklist, Slot, next_world
 

@@ -24,7 +24,7 @@ from ringtrain.launch.horovod_env import horovod_env
 from ringtrain.launch.hosts import Placement
 from ringtrain.launch.job import JobConfig, _HostsDown, _Stop, reach_address, worker_env
 from ringtrain.launch.output import OutputSink
-from ringtrain.launch.proc import Member, Worker
+from ringtrain.launch.processes import Member, Worker
 from ringtrain.launch.remote import RemoteHost
 from ringtrain.launch.ssh import agent_command, forwarded_env, ssh_argv
 from ringtrain.launch.worlds import Slot, placements

@@ -1,7 +1,7 @@
 """Run a job: start every rank, watch them, stop them all on the first failure, restart.
 
 A job is a list of placements (rank -> host) and a command. Local ranks are child
-processes (:class:`~ringtrain.launch.proc.Worker`); each remote host is one ssh
+processes (:class:`~ringtrain.launch.processes.Worker`); each remote host is one ssh
 connection to a host agent that runs that host's ranks
 (:class:`~ringtrain.launch.remote.RemoteHost`). Each attempt gets a fresh rendezvous
 (new listening socket, new ``RINGTRAIN_ATTEMPT`` key prefix) so nothing of a dead
@@ -36,7 +36,7 @@ from ringtrain.launch.agent import worker_extras
 from ringtrain.launch.horovod_env import horovod_env
 from ringtrain.launch.hosts import Placement, is_local_host
 from ringtrain.launch.output import OutputFailure, OutputSink
-from ringtrain.launch.proc import Member, Worker, stop_all
+from ringtrain.launch.processes import Member, Worker, stop_all
 from ringtrain.launch.remote import HOST_LOST, RemoteHost
 from ringtrain.launch.slurm import srun_argv
 from ringtrain.launch.ssh import AGENT_SCRIPT, SshOptions, agent_command, forwarded_env, ssh_argv
@@ -185,18 +185,6 @@ class _OutputFailed(Exception):
         self.failure = failure
 
 
-def _reserve(addr: str, port: int) -> socket.socket:
-    """Reserve rank 0's rendezvous port here (see :mod:`ringtrain.sockets`)."""
-    try:
-        return sockets.reserve(addr, port)
-    except OSError as exc:
-        if port and sockets.in_use(exc):
-            raise ConfigError(f"--master-port {port} is in use on {addr}; choose another port or "
-                              "omit --master-port to let ringrun pick a free one") from None
-        raise ConfigError(f"cannot listen on {addr}:{port} ({exc.strerror}); pass --master-addr "
-                          "with an address of this host") from None
-
-
 def choose_master_addr(cfg: JobConfig, infos: dict[str, dict[str, Any]]) -> str:
     """The address every rank reaches rank 0's rendezvous at.
 
@@ -321,7 +309,7 @@ def _start_attempt(cfg: JobConfig, attempt: int, run_id: str, sink: OutputSink,
                        "NCCL_SOCKET_IFNAME": cfg.network_interface}
         cwd = cfg.cwd or os.getcwd()
         if cfg.is_local(host0):
-            listener = _reserve(addr, cfg.master_port or 0)
+            listener = sockets.reserve_rendezvous(addr, cfg.master_port or 0)
             port = int(listener.getsockname()[1])
         else:
             # The agent of rank 0's host binds the socket and tells us the port.

@@ -18,7 +18,7 @@ import time
 from typing import IO, Any
 
 from ringtrain.launch.output import PIECE_BYTES, OutputSink
-from ringtrain.launch.proc import die_with_parent
+from ringtrain.launch.processes import die_with_parent
 
 __all__ = ["HOST_LOST", "RemoteHost"]
 

@@ -31,6 +31,7 @@ from ringtrain.observe import plot
 from ringtrain.observe.session import DOCTOR_ENV, DOCTOR_STEPS_ENV, DOCTOR_WARMUP_ENV
 from ringtrain.observe.timeline import merge
 from ringtrain.observe.verdict import diagnose, render
+from ringtrain.stopping import PlainProcess, stop_sequence
 
 __all__ = ["main", "build_parser", "build_command", "load_reports", "EXIT_USAGE", "EXIT_NO_STEPS"]
 
@@ -123,12 +124,7 @@ def _run(command: list[str], env: dict[str, str], quiet: bool) -> tuple[int, lis
                 sys.stdout.flush()
         code = proc.wait()
     except KeyboardInterrupt:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_sequence([PlainProcess(proc)], grace=10.0)
         raise
     return (128 - code if code < 0 else code), list(tail)
 

@@ -29,18 +29,19 @@ from __future__ import annotations
 import math
 import os
 import queue as queue_mod
-import socket
 import statistics
 import time
 import traceback
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from ringtrain import sockets
 from ringtrain.cpus import cpu_count
 from ringtrain.errors import ConfigError, LaunchError
 from ringtrain.plan.layers import Layer, from_module
 from ringtrain.plan.network import Link, Topology
 from ringtrain.plan.simulate import FRAMEWORKS, Scenario, simulate
+from ringtrain.stopping import SpawnedProcess, stop_sequence
 
 __all__ = [
     "SweepPoint",
@@ -300,19 +301,16 @@ def _worker(rank: int, world: int, port: int, job: dict[str, Any], out: Any) -> 
         out.put(("error", rank, traceback.format_exc(limit=6)))
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _spawn(world: int, job: dict[str, Any], timeout_s: float) -> list[dict[str, Any]]:
     """Run ``world`` workers; return their results by rank. No child outlives this call."""
     import multiprocessing as mp
 
     ctx = mp.get_context("spawn")  # fork after torch is imported is unsafe
     out = ctx.Queue()
-    port = _free_port()
+    # Held, not listening, until the processes are done: rank 0's store binds the port
+    # beside it (see ringtrain.sockets), and no other process can take it meanwhile.
+    reservation = sockets.reserve("127.0.0.1", 0)
+    port = int(reservation.getsockname()[1])
     procs = [ctx.Process(target=_worker, args=(r, world, port, job, out), daemon=True) for r in range(world)]
     results: dict[int, dict[str, Any]] = {}
     deadline = time.monotonic() + timeout_s
@@ -344,16 +342,11 @@ def _spawn(world: int, job: dict[str, Any], timeout_s: float) -> list[dict[str, 
     finally:
         # Reported ranks exit on their own; anything else (an error, a timeout, Ctrl-C)
         # is stopped at once, politely first.
-        for p in procs:
-            if finished:
+        if finished:
+            for p in procs:
                 p.join(timeout=10.0)
-            if p.is_alive():
-                p.terminate()
-                p.join(timeout=2.0)
-            if p.is_alive():
-                p.kill()
-            if p.pid is not None:
-                p.join()
+        stop_sequence([SpawnedProcess(p) for p in procs], grace=2.0)
+        reservation.close()
         out.close()
         out.join_thread()
 

@@ -26,7 +26,7 @@ _LAYER_OF = {
 }
 # Imported by anything: they import no other layer.
 LEAVES = {"errors", "settings", "env", "events", "sockets", "compression", "bubble", "signing", "inflight",
-          "lingering", "cpus", "addresses", "assignment", "sever", "peer_failure"}
+          "lingering", "cpus", "addresses", "assignment", "sever", "peer_failure", "stopping"}
 # Not layers: the composition root (sets the hooks) and the tools built on everything.
 TOOLS = {"wiring", "cli", "plan", "__init__"}
 
