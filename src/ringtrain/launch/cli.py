@@ -23,13 +23,13 @@ from pathlib import Path
 from ringtrain import addresses
 from ringtrain.errors import ConfigError, RingtrainError
 from ringtrain.launch import slurm
+from ringtrain.launch.elastic.worlds import ElasticConfig
 from ringtrain.launch.hosts import Host, is_local_host, parse_hostfile, parse_hosts, place_ranks
 from ringtrain.launch.job import JobConfig
 from ringtrain.launch.output import check_output_dir
 from ringtrain.launch.slots import local_slots
 from ringtrain.launch.ssh import SshOptions, parse_ssh_option
 from ringtrain.launch.start import run_job
-from ringtrain.launch.worlds import ElasticConfig
 from ringtrain.settings import flag_specs, settings_env
 
 __all__ = ["build_config", "build_parser", "main"]

@@ -33,6 +33,7 @@ from ringtrain.cpus import cpu_count
 from ringtrain.errors import ConfigError, LaunchError
 from ringtrain.launch import reaper
 from ringtrain.launch.agent import worker_extras
+from ringtrain.launch.elastic.worlds import ElasticConfig
 from ringtrain.launch.horovod_env import horovod_env
 from ringtrain.launch.hosts import Placement, is_local_host
 from ringtrain.launch.output import OutputFailure, OutputSink
@@ -40,10 +41,10 @@ from ringtrain.launch.processes import Member, Worker, stop_all
 from ringtrain.launch.remote import HOST_LOST, RemoteHost
 from ringtrain.launch.slurm import srun_argv
 from ringtrain.launch.ssh import AGENT_SCRIPT, SshOptions, agent_command, forwarded_env, ssh_argv
-from ringtrain.launch.worlds import ElasticConfig
 
-__all__ = ["JobConfig", "JobRun", "choose_master_addr", "describe_exit", "job_run", "reach_address",
-           "run_fixed", "worker_env"]
+__all__ = ["HEARTBEAT_EVERY_S", "STOP_GRACE_S", "HostsDown", "JobConfig", "JobRun", "Stopped",
+           "await_agents", "choose_master_addr", "describe_exit", "exit_status", "job_run",
+           "reach_address", "run_fixed", "say", "worker_env"]
 
 #: Seconds without ringrun's heartbeat after which a host agent stops its ranks: a network
 #: partition closes no connection, and the ranks must not outlive their job. Twice
@@ -113,7 +114,7 @@ def describe_exit(code: int) -> str:
     return f"exited with code {code}"
 
 
-def _exit_status(code: int) -> int:
+def exit_status(code: int) -> int:
     return 128 + (-code) if code < 0 else code
 
 
@@ -171,12 +172,14 @@ def worker_env(
     return env
 
 
-class _Stop(Exception):
+class Stopped(Exception):
+    """ringrun received a signal (its number): every worker is to be stopped."""
+
     def __init__(self, signum: int) -> None:
         self.signum = signum
 
 
-class _HostsDown(Exception):
+class HostsDown(Exception):
     """Some remote hosts did not come up (fatal at the first attempt, retried later)."""
 
 
@@ -230,15 +233,15 @@ def reach_address(cfg: JobConfig, host0: str, infos: dict[str, dict[str, Any]]) 
     return str(addr)
 
 
-def _await_agents(cfg: JobConfig, remote: dict[str, RemoteHost], attempt: int,
+def await_agents(cfg: JobConfig, remote: dict[str, RemoteHost], attempt: int,
                   stop_flag: list[int]) -> None:
-    """Wait for every agent's ready line; raise _HostsDown naming the hosts that failed."""
+    """Wait for every agent's ready line; raise HostsDown naming the hosts that failed."""
     deadline = time.monotonic() + cfg.start_timeout
     pending = set(remote)
     refused: dict[str, str] = {}
     while pending and time.monotonic() < deadline:
         if stop_flag:
-            raise _Stop(stop_flag[0])
+            raise Stopped(stop_flag[0])
         for host in sorted(pending):
             h = remote[host]
             if h.wait_ready(time.monotonic() + 0.01):
@@ -268,7 +271,7 @@ def _await_agents(cfg: JobConfig, remote: dict[str, RemoteHost], attempt: int,
         port = f"-p {cfg.ssh.port} " if cfg.ssh.port else ""
         check = ("check that 'srun --nodes=1 --nodelist=NODE true' works in this allocation"
                  if cfg.transport == "srun" else f"check that 'ssh {port}HOST true' works without a password")
-        raise _HostsDown(f"{'; '.join(parts)}; {check}" + (", or raise --start-timeout" if late else ""))
+        raise HostsDown(f"{'; '.join(parts)}; {check}" + (", or raise --start-timeout" if late else ""))
 
 
 def _connect_hosts(cfg: JobConfig, attempt: int, sink: OutputSink,
@@ -286,7 +289,7 @@ def _connect_hosts(cfg: JobConfig, attempt: int, sink: OutputSink,
             else:
                 argv = ssh_argv(host, cfg.ssh, command)
             remote[host] = RemoteHost(host, argv, tuple(ranks), sink, attempt, dict(os.environ))
-        _await_agents(cfg, remote, attempt, stop_flag)
+        await_agents(cfg, remote, attempt, stop_flag)
     except BaseException:
         stop_all(list(remote.values()), grace=0.5)
         raise
@@ -330,7 +333,7 @@ def _start_attempt(cfg: JobConfig, attempt: int, run_id: str, sink: OutputSink,
             if not cfg.is_local(p.host):
                 continue
             if stop_flag:  # a signal while many ranks start: stop now, not after the last
-                raise _Stop(stop_flag[0])
+                raise Stopped(stop_flag[0])
             env = worker_env(p, size, addr, port, attempt, run_id, {}, max_restarts=cfg.max_restarts)
             env.update(hvd[p.rank])
             env.update(cfg.extra_env)
@@ -379,7 +382,7 @@ def _watch(members: list[Member], stop_flag: list[int],
     next_beat = 0.0
     while True:
         if stop_flag:
-            raise _Stop(stop_flag[0])
+            raise Stopped(stop_flag[0])
         if sink.failure is not None:
             raise _OutputFailed(sink.failure)
         if time.monotonic() >= next_beat:
@@ -460,37 +463,37 @@ def _run_attempts(cfg: JobConfig, run: JobRun) -> int:
                 members = []
                 members = _start_attempt(cfg, attempt, run_id, sink, stop_flag, watchdog)
                 failed, rank, code = _watch(members, stop_flag, sink)
-            except _Stop as stop:
+            except Stopped as stop:
                 name = signal.Signals(stop.signum).name
-                _say(f"received {name}; stopping {len(cfg.placements)} rank(s)")
+                say(f"received {name}; stopping {len(cfg.placements)} rank(s)")
                 _stop_everything(members, mark)
                 return 128 + stop.signum
             except _OutputFailed as out:
                 _stop_everything(members, mark)
-                _say(f"error: {out.failure.message}; stopped the job's {len(cfg.placements)} rank(s)")
+                say(f"error: {out.failure.message}; stopped the job's {len(cfg.placements)} rank(s)")
                 return out.failure.exit_code
-            except _HostsDown as down:
+            except HostsDown as down:
                 if attempt == 0:
                     raise LaunchError(str(down)) from None
                 failed, rank, code = None, -1, HOST_LOST
-                _say(str(down))
+                say(str(down))
             else:
                 if failed is None:
                     for m in members:
                         m.finish_output()
                     if sink.failure is not None:  # the last lines could not be written
-                        _say(f"error: {sink.failure.message}")
+                        say(f"error: {sink.failure.message}")
                         return sink.failure.exit_code
                     return 0
                 others = sum(len(m.ranks) - len(m.exits()) for m in members if m is not failed)
-                _say(_failure_text(failed, rank, code, others))
+                say(_failure_text(failed, rank, code, others))
                 _stop_everything(members, mark)
             if attempt < cfg.max_restarts:
-                _say(f"restarting the job (restart {attempt + 1} of {cfg.max_restarts})")
+                say(f"restarting the job (restart {attempt + 1} of {cfg.max_restarts})")
                 continue
             if cfg.max_restarts:
-                _say(f"giving up after {cfg.max_restarts} restart(s)")
-            return _exit_status(code)
+                say(f"giving up after {cfg.max_restarts} restart(s)")
+            return exit_status(code)
         return 1  # unreachable: the loop always returns
     finally:
         _stop_everything(members, mark)
@@ -502,7 +505,8 @@ def _stop_everything(members: list[Member], mark: str | None) -> None:
     stop_all(members, grace=STOP_GRACE_S, run_id=mark)
 
 
-def _say(message: str) -> None:
+def say(message: str) -> None:
+    """One ``ringrun: ...`` line on stderr."""
     try:
         print(f"ringrun: {message}", file=sys.stderr, flush=True)
     except (OSError, ValueError):

@@ -15,9 +15,9 @@ from ringtrain import assignment, sever
 from ringtrain.env import parse_env
 from ringtrain.errors import ConfigError
 from ringtrain.launch import cli
-from ringtrain.launch.discovery import parse_discovered, run_script
+from ringtrain.launch.elastic.discovery import parse_discovered, run_script
+from ringtrain.launch.elastic.worlds import Blacklist, ElasticConfig, WorkerOnHost, next_world, placements
 from ringtrain.launch.hosts import Host, Placement
-from ringtrain.launch.worlds import Blacklist, ElasticConfig, Slot, next_world, placements
 
 
 def _script(tmp_path: Path, body: str) -> str:
@@ -85,14 +85,14 @@ def test_the_launch_environment_carries_the_world_and_its_file() -> None:
 
 
 def test_survivors_keep_their_order_and_rank_0() -> None:
-    world = next_world([Slot(0, "a"), Slot(2, "c")], [])
-    assert world == [Slot(0, "a"), Slot(2, "c")]
+    world = next_world([WorkerOnHost(0, "a"), WorkerOnHost(2, "c")], [])
+    assert world == [WorkerOnHost(0, "a"), WorkerOnHost(2, "c")]
     assert placements(world) == [Placement(0, "a", 0, 1, 0, 2), Placement(1, "c", 0, 1, 1, 2)]
 
 
 def test_new_workers_come_after_the_survivors_and_hosts_stay_together() -> None:
-    world = next_world([Slot(0, "a"), Slot(1, "b")], [Slot(5, "c"), Slot(6, "a")])
-    assert world == [Slot(0, "a"), Slot(6, "a"), Slot(1, "b"), Slot(5, "c")]
+    world = next_world([WorkerOnHost(0, "a"), WorkerOnHost(1, "b")], [WorkerOnHost(5, "c"), WorkerOnHost(6, "a")])
+    assert world == [WorkerOnHost(0, "a"), WorkerOnHost(6, "a"), WorkerOnHost(1, "b"), WorkerOnHost(5, "c")]
     assert [(p.rank, p.host, p.local_rank, p.local_size, p.cross_rank) for p in placements(world)] == [
         (0, "a", 0, 2, 0), (1, "a", 1, 2, 0), (2, "b", 0, 1, 1), (3, "c", 0, 1, 2)]
 
@@ -100,13 +100,13 @@ def test_new_workers_come_after_the_survivors_and_hosts_stay_together() -> None:
 def test_rank_0_must_be_a_survivor_whose_rendezvous_the_hosts_reach() -> None:
     loopback = {0}
 
-    def reachable(s: Slot, multi: bool) -> bool:
+    def reachable(s: WorkerOnHost, multi: bool) -> bool:
         return not (multi and s.worker in loopback)
 
     # worker 0's port is on loopback: in a multi-host world worker 1 hosts the rendezvous
-    assert next_world([Slot(0, "a"), Slot(1, "b")], [], reachable)[0] == Slot(1, "b")
-    assert next_world([Slot(0, "a")], [Slot(3, "b")], reachable) is None
-    assert next_world([Slot(0, "a")], [Slot(3, "a")], reachable) == [Slot(0, "a"), Slot(3, "a")]
+    assert next_world([WorkerOnHost(0, "a"), WorkerOnHost(1, "b")], [], reachable)[0] == WorkerOnHost(1, "b")
+    assert next_world([WorkerOnHost(0, "a")], [WorkerOnHost(3, "b")], reachable) is None
+    assert next_world([WorkerOnHost(0, "a")], [WorkerOnHost(3, "a")], reachable) == [WorkerOnHost(0, "a"), WorkerOnHost(3, "a")]
 
 
 def test_a_failed_host_comes_back_once_discovery_dropped_and_relisted_it() -> None:

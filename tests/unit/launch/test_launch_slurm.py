@@ -119,17 +119,17 @@ def _cfg(transport: str) -> object:
 def test_under_srun_a_first_refused_step_is_retried_until_the_node_takes_it() -> None:
     """A requeued job can start while a node back from a failure still refuses steps:
     under srun that is Slurm not ready yet, not a wrong host name."""
-    from ringtrain.launch.job import _await_agents
+    from ringtrain.launch.job import await_agents
 
     host = _Refusing(refusals=2)
-    _await_agents(_cfg("srun"), {"n2": host}, 0, [])  # type: ignore[arg-type, dict-item]
+    await_agents(_cfg("srun"), {"n2": host}, 0, [])  # type: ignore[arg-type, dict-item]
     assert host.connects == 2
 
 
 def test_over_ssh_a_first_refused_host_is_an_error_at_once() -> None:
-    from ringtrain.launch.job import _await_agents, _HostsDown
+    from ringtrain.launch.job import HostsDown, await_agents
 
     host = _Refusing(refusals=2)
-    with pytest.raises(_HostsDown, match="could not start the host agent on n2"):
-        _await_agents(_cfg("ssh"), {"n2": host}, 0, [])  # type: ignore[arg-type, dict-item]
+    with pytest.raises(HostsDown, match="could not start the host agent on n2"):
+        await_agents(_cfg("ssh"), {"n2": host}, 0, [])  # type: ignore[arg-type, dict-item]
     assert host.connects == 0

@@ -1,12 +1,12 @@
 """A resizable job's workers, ringrun's side: start them, tell them their next world.
 
-:class:`Launcher` owns the workers (:class:`Proc`, one per started process, numbered
-once for the job's life) and the hosts they run on (:class:`Host`); the decisions of
-when and how the job changes size are the driver's (:mod:`ringtrain.launch.elastic`).
-A world is launched by reserving a rendezvous port for each new worker (ringrun for
-this host, the agent for a remote one), starting the new workers with the world's
-launch variables, and writing the world to the others' assignment files
-(:mod:`ringtrain.assignment`; remote ones through their agent).
+:class:`JobWorkers` owns the workers (:class:`WorkerProc`, one per started process,
+numbered once for the job's life) and the hosts they run on (:class:`JobHost`); the
+decisions of when and how the job changes size are the driver's
+(:mod:`ringtrain.launch.elastic.driver`). A world is launched by reserving a rendezvous
+port for each new worker (ringrun for this host, the agent for a remote one), starting
+the new workers with the world's launch variables, and writing the world to the others'
+assignment files (:mod:`ringtrain.assignment`; remote ones through their agent).
 """
 
 from __future__ import annotations
@@ -20,23 +20,23 @@ from typing import Any
 from ringtrain import addresses, assignment, sockets
 from ringtrain.launch import reaper
 from ringtrain.launch.agent import worker_extras
+from ringtrain.launch.elastic.worlds import WorkerOnHost, placements
 from ringtrain.launch.horovod_env import horovod_env
 from ringtrain.launch.hosts import Placement
-from ringtrain.launch.job import JobConfig, _HostsDown, _Stop, reach_address, worker_env
+from ringtrain.launch.job import HostsDown, JobConfig, Stopped, reach_address, worker_env
 from ringtrain.launch.output import OutputSink
 from ringtrain.launch.processes import Member, Worker
 from ringtrain.launch.remote import RemoteHost
 from ringtrain.launch.ssh import agent_command, forwarded_env, ssh_argv
-from ringtrain.launch.worlds import Slot, placements
 
-__all__ = ["Host", "Launcher", "Proc"]
+__all__ = ["JobHost", "JobWorkers", "WorkerProc"]
 
 #: Seconds a new host's agent has to reserve its workers' ports once it answered.
 RESERVE_TIMEOUT_S = 10.0
 
 
 @dataclass
-class Proc:
+class WorkerProc:
     """One worker: its host, its reserved rendezvous port, how far it got."""
 
     id: int
@@ -52,7 +52,9 @@ class Proc:
 
 
 @dataclass
-class Host:
+class JobHost:
+    """A host taken into the job: its agent (None: this host), addresses and workers."""
+
     name: str
     remote: RemoteHost | None  # None: this host (workers started here)
     addresses: list[str]
@@ -60,15 +62,15 @@ class Host:
     workers: list[int] = field(default_factory=list)
 
 
-class Launcher:
+class JobWorkers:
     """The workers and hosts of one resizable job, and how a world is put in place."""
 
     def __init__(self, cfg: JobConfig, run_id: str, sink: OutputSink, stop_flag: list[int],
                  watchdog: reaper.Watchdog | None, directory: str) -> None:
         self.cfg, self.run_id, self.sink = cfg, run_id, sink
         self.stop_flag, self.watchdog, self.dir = stop_flag, watchdog, directory
-        self.procs: dict[int, Proc] = {}
-        self.hosts: dict[str, Host] = {}
+        self.procs: dict[int, WorkerProc] = {}
+        self.hosts: dict[str, JobHost] = {}
         #: Every address of every host of the job so far (workers sever them on leaving a world).
         self.addresses: set[str] = {"127.0.0.1"}
 
@@ -81,14 +83,14 @@ class Launcher:
         argv = ssh_argv(name, self.cfg.ssh, agent_command(self.cfg.python))
         return RemoteHost(name, argv, tuple(ids), self.sink, 0, dict(os.environ))
 
-    def register(self, name: str, remote: RemoteHost | None, infos: dict[str, dict[str, Any]]) -> Host:
+    def register(self, name: str, remote: RemoteHost | None, infos: dict[str, dict[str, Any]]) -> JobHost:
         """Take host ``name`` into the job; ``infos``: the agents' facts of every remote host."""
         if remote is not None:
             own = list((remote.info or {}).get("ifaces", {}).values())
         else:
             own = list(addresses.interface_addresses().values())
         reach = reach_address(self.cfg, name, infos)  # loopback for a job of this host alone
-        host = Host(name, remote, own, reach)
+        host = JobHost(name, remote, own, reach)
         self.hosts[name] = host
         self.addresses.update(a for a in own if a)
         self.addresses.add(reach)
@@ -104,24 +106,24 @@ class Launcher:
         env["RINGTRAIN_WORLD_VERSION"] = str(version)
         return env
 
-    def _reserve(self, host: Host, ids: list[int], version: int) -> dict[int, socket.socket]:
+    def _reserve(self, host: JobHost, ids: list[int], version: int) -> dict[int, socket.socket]:
         """Reserve a rendezvous port for each new worker of ``host``."""
         held: dict[int, socket.socket] = {}
         if host.remote is None:
             for w in ids:
                 held[w] = sockets.reserve(host.reach, 0)
-                self.procs[w] = Proc(w, host.name, host.reach, int(held[w].getsockname()[1]),
+                self.procs[w] = WorkerProc(w, host.name, host.reach, int(held[w].getsockname()[1]),
                                       version, assignment.worker_file(self.dir, w))
             return held
         host.remote.send_spec({"reserve": [{"id": w, "addr": host.reach} for w in ids]})
         if not host.remote.wait_reserved(ids, time.monotonic() + RESERVE_TIMEOUT_S):
-            raise _HostsDown(f"host {host.name} could not reserve rendezvous ports: {host.remote.problem()}")
+            raise HostsDown(f"host {host.name} could not reserve rendezvous ports: {host.remote.problem()}")
         for w in ids:
-            self.procs[w] = Proc(w, host.name, host.reach, host.remote.reserved[w], version,
+            self.procs[w] = WorkerProc(w, host.name, host.reach, host.remote.reserved[w], version,
                                   assignment.worker_file(self.dir, w), remote=host.remote)
         return held
 
-    def launch(self, order: list[Slot], new: list[Slot], lost: list[str], reason: str,
+    def launch(self, order: list[WorkerOnHost], new: list[WorkerOnHost], lost: list[str], reason: str,
                version: int) -> None:
         """Make ``order`` world ``version``: start the ``new`` workers, tell the others."""
         places = {s.worker: p for s, p in zip(order, placements(order), strict=True)}
@@ -158,8 +160,8 @@ class Launcher:
             assert remote is not None
             remote.send_spec({"assign": assign})
 
-    def _start(self, host: Host, ids: list[int], places: dict[int, Placement],
-               hvd: dict[int, dict[str, str]], size: int, rank0: Proc,
+    def _start(self, host: JobHost, ids: list[int], places: dict[int, Placement],
+               hvd: dict[int, dict[str, str]], size: int, rank0: WorkerProc,
                held: dict[int, socket.socket], version: int) -> None:
         cfg = self.cfg
         net_env = ({"GLOO_SOCKET_IFNAME": cfg.network_interface, "NCCL_SOCKET_IFNAME": cfg.network_interface}
@@ -182,7 +184,7 @@ class Launcher:
         os.makedirs(self.dir, exist_ok=True)
         for w in ids:
             if self.stop_flag:
-                raise _Stop(self.stop_flag[0])
+                raise Stopped(self.stop_flag[0])
             p = places[w]
             full = dict(os.environ)
             full.update(cfg.settings_env)
@@ -198,5 +200,5 @@ class Launcher:
             if self.watchdog is not None:
                 self.watchdog.watch_group(worker.pid)
 
-    def can_be_rank0(self, slot: Slot, multi_host: bool) -> bool:
+    def can_be_rank0(self, slot: WorkerOnHost, multi_host: bool) -> bool:
         return not (multi_host and addresses.is_loopback(self.procs[slot.worker].addr))

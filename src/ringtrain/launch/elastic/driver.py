@@ -1,31 +1,34 @@
-"""``ringrun --min-np M --max-np N``: a job that goes on with fewer ranks when workers are
-lost, and takes on the hosts a discovery script reports (Horovod's elastic mode).
+"""``ringrun --min-np M --max-np N``: the driver of a resizable job (Horovod's elastic mode).
 
     ringrun --min-np 2 --max-np 4 -H a:1,b:1,c:1 python train.py
     ringrun --min-np 2 --max-np 4 --host-discovery-script ./hosts.sh python train.py
 
-The job is a series of *worlds* (:mod:`ringtrain.launch.worlds`): world 0 is started as
-a fixed-size job is, with every worker told its world number (``RINGTRAIN_WORLD_VERSION``)
-and a file of its own (``RINGTRAIN_ELASTIC_FILE``). Then:
+The job is a series of *worlds* (:mod:`.worlds`): world 0 is started as a fixed-size job
+is, with every worker told its world number (``RINGTRAIN_WORLD_VERSION``) and a file of
+its own (``RINGTRAIN_ELASTIC_FILE``). The driver is a state machine (:mod:`.states`: the
+states, the events and every transition in one table); each poll of :meth:`Driver.step`
+turns what happened into one event at a time:
 
-- **a worker exits non-zero or its host is lost**: the others are not stopped. If at
-  least ``--min-np`` are left, ringrun writes the next world (ranks, rendezvous, the lost
-  hosts' addresses) into each survivor's file (:mod:`ringtrain.assignment`). The
-  survivors' next collective fails; ``hvd.elastic.run`` / ``rt.elastic.run`` restore
-  the last commit in memory, leave the broken world and join the new one. The host is
-  not used again until the discovery script stops listing it and lists it again, or
-  after :data:`~ringtrain.launch.worlds.COOLDOWN_S` (a fixed ``-H`` host: never).
-- **the discovery script lists a new host** (and the job is below ``--max-np``, its
-  last world has formed): ringrun starts workers there in the next world and writes it
-  to the others, who move at their next ``state.commit()`` (Horovod's
+- **a worker exits non-zero or its host is lost** (``LOST``): the others are not
+  stopped. If at least ``--min-np`` are left, ringrun writes the next world (ranks,
+  rendezvous, the lost hosts' addresses) into each survivor's file
+  (:mod:`ringtrain.assignment`). The survivors' next collective fails;
+  ``hvd.elastic.run`` / ``rt.elastic.run`` restore the last commit in memory, leave the
+  broken world and join the new one. The host is not used again until the discovery
+  script stops listing it and lists it again, or after
+  :data:`~ringtrain.launch.elastic.worlds.COOLDOWN_S` (a fixed ``-H`` host: never).
+- **the discovery script lists a new host** (``GROWN``; only while ``RUNNING``, below
+  ``--max-np``): ringrun starts workers there in the next world and writes it to the
+  others, who move at their next ``state.commit()`` (Horovod's
   ``HostsUpdatedInterrupt``); the new workers get the state from rank 0.
-- **a worker exits 0**: the job is ending; once every worker of the last formed world
-  has exited, what is left (new workers of a world that never formed) is stopped.
+- **a worker exits 0** (``FINISHED``): the job is ending; once every worker of the last
+  formed world has exited (``ALL_EXITED``), what is left (new workers of a world that
+  never formed) is stopped.
 
 Every worker reserves a rendezvous port at its start (ringrun for this host, the agent
 for a remote one), since any survivor may become rank 0 and host the store. A world has
-*formed* when each of its workers acknowledged it (``<file>.joined``); ringrun prints
-each step with the time it took (the timeline in docs/launch.md).
+*formed* (``FORMED``) when each of its workers acknowledged it (``<file>.joined``);
+ringrun prints each step with the time it took (the timeline in docs/launch.md).
 """
 
 from __future__ import annotations
@@ -35,84 +38,110 @@ import shutil
 import signal
 import tempfile
 import time
+from typing import Any, Protocol
 
 from ringtrain import addresses, assignment
 from ringtrain.errors import ConfigError, LaunchError
 from ringtrain.launch import reaper
-from ringtrain.launch.discovery import Discovery
-from ringtrain.launch.elastic_launch import Launcher
+from ringtrain.launch.elastic.discovery import Discovery
+from ringtrain.launch.elastic.states import Event, JobState, next_state
+from ringtrain.launch.elastic.workers import JobHost, JobWorkers, WorkerProc
+from ringtrain.launch.elastic.worlds import Blacklist, WorkerOnHost, next_world
 from ringtrain.launch.hosts import Host, place_ranks
 from ringtrain.launch.job import (
     HEARTBEAT_EVERY_S,
     STOP_GRACE_S,
+    HostsDown,
     JobConfig,
-    _await_agents,
-    _exit_status,
-    _HostsDown,
-    _say,
-    _Stop,
+    Stopped,
+    await_agents,
     describe_exit,
+    exit_status,
     job_run,
+    say,
 )
 from ringtrain.launch.output import OutputSink
 from ringtrain.launch.processes import Member, stop_all
 from ringtrain.launch.remote import HOST_LOST, RemoteHost
-from ringtrain.launch.worlds import Blacklist, Slot, next_world
 
-__all__ = ["run_elastic"]
+__all__ = ["Driver", "Workers", "run_elastic"]
+
+
+class Workers(Protocol):
+    """What the driver needs of the job's workers (:class:`~.workers.JobWorkers`; a fake
+    in the driver's unit tests)."""
+
+    procs: dict[int, WorkerProc]
+    hosts: dict[str, JobHost]
+
+    def members(self) -> list[Member]: ...
+    def remote(self, name: str, ids: list[int]) -> RemoteHost: ...
+    def register(self, name: str, remote: RemoteHost | None, infos: dict[str, dict[str, Any]]) -> JobHost: ...
+    def remotes(self) -> dict[str, RemoteHost]: ...
+    def launch(self, order: list[WorkerOnHost], new: list[WorkerOnHost], lost: list[str], reason: str,
+               version: int) -> None: ...
+    def can_be_rank0(self, slot: WorkerOnHost, multi_host: bool) -> bool: ...
 
 
 class _NoRank0(Exception):
     """No survivor's rendezvous can be reached from every host of the next world."""
 
 
-class _Ended(Exception):
-    def __init__(self, code: int) -> None:
-        self.code = code
+class Driver:
+    """The state machine of one resizable job (see the module docstring)."""
 
-
-class _Driver:
     def __init__(self, cfg: JobConfig, run_id: str, sink: OutputSink, stop_flag: list[int],
-                 watchdog: reaper.Watchdog | None) -> None:
+                 watchdog: reaper.Watchdog | None, workers: Workers | None = None,
+                 discovery: Discovery | None = None) -> None:
         assert cfg.elastic is not None
         self.cfg, self.ecfg = cfg, cfg.elastic
         self.run_id, self.sink, self.stop_flag, self.watchdog = run_id, sink, stop_flag, watchdog
-        self.discovery = Discovery(list(self.ecfg.hosts), self.ecfg.discovery_script, say=_say)
+        self.discovery = discovery or Discovery(list(self.ecfg.hosts), self.ecfg.discovery_script, say=say)
         self.blacklist = Blacklist(self.ecfg.cooldown if self.ecfg.discovery_script else 0.0)
         self.dir = os.path.join(tempfile.gettempdir(), f"ringtrain-elastic-{run_id}")
-        self.launcher = Launcher(cfg, run_id, sink, stop_flag, watchdog, self.dir)
-        self.procs = self.launcher.procs
-        self.hosts = self.launcher.hosts
+        self.workers: Workers = workers or JobWorkers(cfg, run_id, sink, stop_flag, watchdog, self.dir)
+        self.procs = self.workers.procs
+        self.hosts = self.workers.hosts
+        self.state = JobState.STARTING
+        #: Every transition taken, in order: (from, event, to).
+        self.history: list[tuple[JobState, Event, JobState]] = []
+        #: The job's exit code, once ENDED.
+        self.exit_code: int | None = None
+        #: Remote hosts found by discovery whose agent is still coming up.
         self.connecting: dict[str, tuple[RemoteHost, list[int], float]] = {}
-        self.version = 0
-        self.world: list[int] = []
-        self.formed = -1
+        self.version = 0  # the newest world announced
+        self.world: list[int] = []  # its workers, in rank order
+        self.formed = -1  # the newest world every worker joined
         self.formed_world: list[int] = []
         self.changed_at = time.monotonic()
         self.resets = 0
-        self.finishing = False
         self.cancelled: set[int] = set()
         self.next_id = 0
         self.rounds = 0
 
-    # -- members ---------------------------------------------------------------------------
+    # -- the one place the state changes -------------------------------------------------------
+
+    def _on(self, event: Event, code: int | None = None) -> None:
+        before, self.state = self.state, next_state(self.state, event)
+        self.history.append((before, event, self.state))
+        if self.state is JobState.ENDED:
+            self.exit_code = 0 if code is None else code
+
+    @property
+    def ended(self) -> bool:
+        return self.state is JobState.ENDED
+
+    # -- members -------------------------------------------------------------------------------
 
     def members(self) -> list[Member]:
-        return self.launcher.members() + [r for r, _, _ in self.connecting.values()]
-
-    def _launch(self, order: list[Slot], new: list[Slot], lost: list[str], reason: str) -> None:
-        self.launcher.launch(order, new, lost, reason, self.version)
-        self.world = [s.worker for s in order]
-        self.changed_at = time.monotonic()
-
-    # -- worlds ----------------------------------------------------------------------------
+        return self.workers.members() + [r for r, _, _ in self.connecting.values()]
 
     def _new_ids(self, n: int) -> list[int]:
         ids = list(range(self.next_id, self.next_id + n))
         self.next_id += n
         return ids
 
-    # -- the first world -------------------------------------------------------------------
+    # -- STARTING: the first world ---------------------------------------------------------------
 
     def start(self) -> None:
         hosts = self._first_hosts()
@@ -124,22 +153,23 @@ class _Driver:
         for p in placed:
             if not self.cfg.is_local(p.host):
                 remote_ids.setdefault(p.host, []).append(p.rank)
-        remotes = {name: self.launcher.remote(name, w) for name, w in remote_ids.items()}
+        remotes = {name: self.workers.remote(name, w) for name, w in remote_ids.items()}
         try:
-            _await_agents(self.cfg, remotes, 0, self.stop_flag)
+            await_agents(self.cfg, remotes, 0, self.stop_flag)
         except BaseException:
             stop_all(list(remotes.values()), grace=0.5)
             raise
         infos = {h: r.info or {} for h, r in remotes.items()}
         for p in placed:
             if p.host not in self.hosts:
-                self.launcher.register(p.host, remotes.get(p.host), infos)
-        order = [Slot(w, p.host) for w, p in zip(ids, placed, strict=True)]
+                self.workers.register(p.host, remotes.get(p.host), infos)
+        order = [WorkerOnHost(w, p.host) for w, p in zip(ids, placed, strict=True)]
         self._launch(order, order, [], "first world")
         self.formed_world = list(self.world)
         self.discovery.start()
-        _say(f"elastic: world 0 started: {len(order)} rank(s) on {self._where(order)} "
-             f"(--min-np {self.ecfg.min_np}, --max-np {self.ecfg.max_np})")
+        self._on(Event.LAUNCHED)
+        say(f"elastic: world 0 started: {len(order)} rank(s) on {self._where(order)} "
+            f"(--min-np {self.ecfg.min_np}, --max-np {self.ecfg.max_np})")
 
     def _first_hosts(self) -> list[Host]:
         """The hosts to start on: wait (``--start-timeout``) for ``--min-np`` slots."""
@@ -152,42 +182,55 @@ class _Driver:
                 raise ConfigError(f"the hosts available ({self._hosts_text(hosts) or 'none'}) have fewer "
                                   f"than --min-np {self.ecfg.min_np} slots after {self.cfg.start_timeout:g} s")
             if self.stop_flag:
-                raise _Stop(self.stop_flag[0])
+                self._on(Event.STOPPED, 128 + self.stop_flag[0])
+                raise Stopped(self.stop_flag[0])
             time.sleep(1.0)
 
     @staticmethod
     def _hosts_text(hosts: list[Host]) -> str:
         return ",".join(f"{h.name}:{h.slots}" for h in hosts)
 
-    def _where(self, order: list[Slot]) -> str:
+    def _where(self, order: list[WorkerOnHost]) -> str:
         counts: dict[str, int] = {}
         for s in order:
             counts[s.host] = counts.get(s.host, 0) + 1
         return ",".join(f"{h}:{n}" for h, n in counts.items())
 
-    # -- watching --------------------------------------------------------------------------
+    def _launch(self, order: list[WorkerOnHost], new: list[WorkerOnHost], lost: list[str], reason: str) -> None:
+        self.workers.launch(order, new, lost, reason, self.version)
+        self.world = [s.worker for s in order]
+        self.changed_at = time.monotonic()
+
+    # -- watching --------------------------------------------------------------------------------
 
     def watch(self) -> int:
+        """Poll until the job has ended; its exit code."""
         next_beat = 0.0
         while True:
-            if self.stop_flag:
-                raise _Stop(self.stop_flag[0])
-            if self.sink.failure is not None:
-                _say(f"error: {self.sink.failure.message}; stopping the job")
-                return self.sink.failure.exit_code
             if time.monotonic() >= next_beat:
                 next_beat = time.monotonic() + HEARTBEAT_EVERY_S
                 # Not to hosts still connecting: before its spec an agent takes an empty
                 # line for "ringrun went away".
-                for remote in self.launcher.remotes().values():
+                for remote in self.workers.remotes().values():
                     remote.heartbeat()
-            try:
-                self._acks()
-                self._exits()
-                self._grow()
-            except _Ended as end:
-                return end.code
+            self.step()
+            if self.exit_code is not None:
+                return self.exit_code
             time.sleep(0.05)
+
+    def step(self) -> None:
+        """Look at the job once and take the events it shows, in order."""
+        if self.stop_flag:
+            self._on(Event.STOPPED, 128 + self.stop_flag[0])
+            raise Stopped(self.stop_flag[0])
+        if self.sink.failure is not None:
+            say(f"error: {self.sink.failure.message}; stopping the job")
+            self._on(Event.OUTPUT_FAILED, self.sink.failure.exit_code)
+            return
+        self._acks()
+        self._exits()
+        if not self.ended:
+            self._grow()
 
     def _acks(self) -> None:
         for proc in self.procs.values():
@@ -201,9 +244,10 @@ class _Driver:
             self.formed = self.version
             self.formed_world = list(self.world)
             took = time.monotonic() - self.changed_at
-            order = [Slot(w, self.procs[w].host) for w in self.world]
-            _say(f"elastic: world {self.version} formed: {len(self.world)} rank(s) on "
-                 f"{self._where(order)} ({took:.1f} s after it was announced)")
+            order = [WorkerOnHost(w, self.procs[w].host) for w in self.world]
+            say(f"elastic: world {self.version} formed: {len(self.world)} rank(s) on "
+                f"{self._where(order)} ({took:.1f} s after it was announced)")
+            self._on(Event.FORMED)
 
     def _exit_codes(self) -> tuple[list[int], list[int]]:
         finished: list[int] = []
@@ -225,19 +269,23 @@ class _Driver:
         finished, dead = self._exit_codes()
         dead = [w for w in dead if w in self.world]  # not yet in a world: nothing to re-form
         if dead:
-            if self.finishing:
+            if self.state is JobState.FINISHING:
                 w = dead[0]
-                _say(f"{self._describe(w)} while the job was ending; stopping the others")
-                raise _Ended(_exit_status(self.procs[w].code or 1))
+                say(f"{self._describe(w)} while the job was ending; stopping the others")
+                self._on(Event.LOST, exit_status(self.procs[w].code or 1))
+                return
             self._shrink(dead)
-        if finished:
-            self.finishing = True
-        if self.finishing and all(self.procs[w].code is not None for w in self.formed_world):
+            if self.ended:
+                return
+        if finished and self.state is not JobState.FINISHING:
+            self._on(Event.FINISHED)
+        if self.state is JobState.FINISHING and all(self.procs[w].code is not None for w in self.formed_world):
             bad = [w for w in self.formed_world if self.procs[w].code != 0]
             if bad:
-                _say(f"{self._describe(bad[0])}; stopping the others")
-                raise _Ended(_exit_status(self.procs[bad[0]].code or 1))
-            raise _Ended(0)
+                say(f"{self._describe(bad[0])}; stopping the others")
+                self._on(Event.ALL_EXITED, exit_status(self.procs[bad[0]].code or 1))
+            else:
+                self._on(Event.ALL_EXITED, 0)
 
     def _describe(self, w: int) -> str:
         proc = self.procs[w]
@@ -251,12 +299,14 @@ class _Driver:
         return (f"worker {w}" + (f" (rank {rank}, {where})" if rank is not None else f" ({where})")
                 + f" {describe_exit(proc.code or 0)}")
 
+    # -- LOST: a smaller world -------------------------------------------------------------------
+
     def _shrink(self, dead: list[int]) -> None:
         now = time.monotonic()
         for w in dead:
             self.blacklist.add(self.procs[w].host, now)
-            _say(f"elastic: {self._describe(w)}")
-        pending = self.formed < self.version and self.version > 0
+            say(f"elastic: {self._describe(w)}")
+        pending = self.state is JobState.FORMING and self.version > 0
         # New workers of a world that has not formed hold no state: stop them; their hosts
         # are taken again at a later discovery round.
         unjoined = [w for w in self.world if pending and self.procs[w].started_in == self.version
@@ -274,22 +324,28 @@ class _Driver:
         for h in lost_hosts:
             self._forget(h)
         try:
-            self._change(survivors, [], lost, f"lost worker(s) {', '.join(map(str, dead))}")
+            self._change(survivors, [], lost, f"lost worker(s) {', '.join(map(str, dead))}", Event.LOST)
         except _NoRank0:
             raise LaunchError("no surviving worker can host the rendezvous of a multi-host world "
                               "(its port is on loopback); pass --network-interface") from None
 
-    def _change(self, survivors: list[int], new: list[Slot], lost: list[str], reason: str) -> None:
+    def _change(self, survivors: list[int], new: list[WorkerOnHost], lost: list[str], reason: str,
+                event: Event) -> None:
+        """Announce the next world (``event``: LOST or GROWN), or end the job when it may not
+        change any more (TOO_FEW, LIMIT)."""
         if len(survivors) < self.ecfg.min_np:
-            _say(f"elastic: {len(survivors)} rank(s) left, fewer than --min-np {self.ecfg.min_np}; "
-                 "stopping the job")
-            raise _Ended(_exit_status(next((self.procs[w].code for w in self.procs
-                                            if self.procs[w].code not in (None, 0)), 1) or 1))
+            say(f"elastic: {len(survivors)} rank(s) left, fewer than --min-np {self.ecfg.min_np}; "
+                "stopping the job")
+            self._on(Event.TOO_FEW, exit_status(next((self.procs[w].code for w in self.procs
+                                                      if self.procs[w].code not in (None, 0)), 1) or 1))
+            return
         if self.ecfg.reset_limit is not None and self.resets >= self.ecfg.reset_limit:
-            _say(f"elastic: the job changed size {self.resets} time(s), --reset-limit "
-                 f"{self.ecfg.reset_limit}; stopping the job")
-            raise _Ended(1)
-        order = next_world([Slot(w, self.procs[w].host) for w in survivors], new, self.launcher.can_be_rank0)
+            say(f"elastic: the job changed size {self.resets} time(s), --reset-limit "
+                f"{self.ecfg.reset_limit}; stopping the job")
+            self._on(Event.LIMIT, 1)
+            return
+        order = next_world([WorkerOnHost(w, self.procs[w].host) for w in survivors], new,
+                           self.workers.can_be_rank0)
         if order is None:
             raise _NoRank0()
         self.version += 1
@@ -301,13 +357,14 @@ class _Driver:
                 self.procs.pop(s.worker, None)
             raise
         self.resets += 1
+        self._on(event)
         verb = "growing" if new else "re-forming"
-        _say(f"elastic: {verb} to {len(order)} rank(s) on {self._where(order)} as world {self.version}")
+        say(f"elastic: {verb} to {len(order)} rank(s) on {self._where(order)} as world {self.version}")
 
     def _cancel(self, workers: list[int]) -> None:
         self.cancelled.update(workers)
         hosts = {self.procs[w].host for w in workers}
-        _say(f"elastic: stopping worker(s) {', '.join(map(str, workers))}: their world will not form")
+        say(f"elastic: stopping worker(s) {', '.join(map(str, workers))}: their world will not form")
         members: list[Member] = []
         for w in workers:
             proc = self.procs[w]
@@ -329,7 +386,7 @@ class _Driver:
         if host is not None and host.remote is not None:
             stop_all([host.remote], grace=0.5)  # the agent exits once its workers did
 
-    # -- growing ---------------------------------------------------------------------------
+    # -- GROWN: a larger world -------------------------------------------------------------------
 
     def _grow(self) -> None:
         now = time.monotonic()
@@ -337,16 +394,22 @@ class _Driver:
             self.rounds = self.discovery.rounds()
             self.blacklist.observe([h.name for h in self.discovery.hosts()], now)
         for name, (remote, ids, deadline) in list(self.connecting.items()):
-            if remote.wait_ready(time.monotonic() + 0.001):
+            if self.state is JobState.FINISHING:
+                # The job is ending: a world with this host could never form.
+                del self.connecting[name]
+                stop_all([remote], grace=0.5)
+            elif remote.wait_ready(time.monotonic() + 0.001):
                 del self.connecting[name]
                 self._join_host(name, remote, ids)
+                if self.ended:
+                    return
             elif remote.ssh_done() or now > deadline:
                 del self.connecting[name]
-                _say(f"elastic: warning: host {name} did not answer ({remote.problem()}); not using it")
+                say(f"elastic: warning: host {name} did not answer ({remote.problem()}); not using it")
                 stop_all([remote], grace=0.5)
                 self.blacklist.add(name, now)
         limited = self.ecfg.reset_limit is not None and self.resets >= self.ecfg.reset_limit
-        if self.finishing or self.formed < self.version or self.connecting or limited:
+        if self.state is not JobState.RUNNING or self.connecting or limited:
             return
         room = self.ecfg.max_np - len(self.world)
         for host in self.discovery.hosts():
@@ -359,22 +422,22 @@ class _Driver:
             if self.cfg.is_local(host.name):
                 self._join_host(host.name, None, ids)
                 return
-            self.connecting[host.name] = (self.launcher.remote(host.name, ids), ids,
+            self.connecting[host.name] = (self.workers.remote(host.name, ids), ids,
                                           now + self.cfg.start_timeout)
 
     def _join_host(self, name: str, remote: RemoteHost | None, ids: list[int]) -> None:
-        infos = {h: r.info or {} for h, r in self.launcher.remotes().items()}
+        infos = {h: r.info or {} for h, r in self.workers.remotes().items()}
         if remote is not None:
             infos[name] = remote.info or {}
-        self.launcher.register(name, remote, infos)
-        new = [Slot(w, name) for w in ids]
-        _say(f"elastic: host {name} added ({len(ids)} slot(s)); the job grows at its next commit")
+        self.workers.register(name, remote, infos)
+        new = [WorkerOnHost(w, name) for w in ids]
+        say(f"elastic: host {name} added ({len(ids)} slot(s)); the job grows at its next commit")
         try:
-            self._change(list(self.world), new, [], f"host {name} added")
-        except (_HostsDown, _NoRank0) as exc:
-            why = str(exc) if isinstance(exc, _HostsDown) else (
+            self._change(list(self.world), new, [], f"host {name} added", Event.GROWN)
+        except (HostsDown, _NoRank0) as exc:
+            why = str(exc) if isinstance(exc, HostsDown) else (
                 "rank 0's rendezvous is on loopback, which it cannot reach; pass --network-interface")
-            _say(f"elastic: warning: host {name}: {why}; not using it")
+            say(f"elastic: warning: host {name}: {why}; not using it")
             self.hosts.pop(name, None)
             self.blacklist.add(name, time.monotonic())
             if remote is not None:
@@ -390,20 +453,20 @@ def run_elastic(cfg: JobConfig) -> int:
     local = cfg.elastic is not None and (any(cfg.is_local(h.name) for h in cfg.elastic.hosts)
                                          or cfg.elastic.discovery_script is not None)
     with job_run(cfg, local) as run:
-        driver = _Driver(cfg, run.run_id, run.sink, run.stop_flag, run.watchdog)
+        driver = Driver(cfg, run.run_id, run.sink, run.stop_flag, run.watchdog)
         try:
             try:
                 driver.start()
                 code = driver.watch()
-            except _Stop as stop:
-                _say(f"received {signal.Signals(stop.signum).name}; stopping the job")
+            except Stopped as stop:
+                say(f"received {signal.Signals(stop.signum).name}; stopping the job")
                 return 128 + stop.signum
-            except _HostsDown as down:
+            except HostsDown as down:
                 raise LaunchError(str(down)) from None
             if code == 0:
                 stop_all(driver.members(), grace=STOP_GRACE_S)  # never joined a formed world
                 if run.sink.failure is not None:
-                    _say(f"error: {run.sink.failure.message}")
+                    say(f"error: {run.sink.failure.message}")
                     return run.sink.failure.exit_code
             return code
         finally:

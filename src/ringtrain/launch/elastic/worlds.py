@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from ringtrain.errors import ConfigError
 from ringtrain.launch.hosts import Host, Placement
 
-__all__ = ["Blacklist", "ElasticConfig", "Slot", "next_world", "placements"]
+__all__ = ["COOLDOWN_S", "Blacklist", "ElasticConfig", "WorkerOnHost", "next_world", "placements"]
 
 #: Seconds after which a host that failed may be used again although the discovery
 #: script never stopped listing it (Horovod's blacklist cooldown; a fixed -H list has none).
@@ -54,22 +54,23 @@ class ElasticConfig:
 
 
 @dataclass(frozen=True)
-class Slot:
-    """A worker and the host it runs on."""
+class WorkerOnHost:
+    """A worker and the host it runs on (a host's *slots* are how many it may run)."""
 
     worker: int
     host: str
 
 
-def _grouped(order: Sequence[Slot]) -> list[Slot]:
-    hosts: dict[str, list[Slot]] = {}
+def _grouped(order: Sequence[WorkerOnHost]) -> list[WorkerOnHost]:
+    hosts: dict[str, list[WorkerOnHost]] = {}
     for s in order:
         hosts.setdefault(s.host, []).append(s)
     return [s for group in hosts.values() for s in group]
 
 
-def next_world(survivors: Sequence[Slot], added: Sequence[Slot],
-               can_be_rank0: Callable[[Slot, bool], bool] = lambda _s, _multi: True) -> list[Slot] | None:
+def next_world(survivors: Sequence[WorkerOnHost], added: Sequence[WorkerOnHost],
+               can_be_rank0: Callable[[WorkerOnHost, bool], bool] = lambda _s, _multi: True,
+               ) -> list[WorkerOnHost] | None:
     """The next world in rank order, or None when no survivor can be rank 0.
 
     Rank 0 must be a survivor (the new workers have no state to give) whose rendezvous
@@ -86,7 +87,7 @@ def next_world(survivors: Sequence[Slot], added: Sequence[Slot],
     return None if survivors else (order or None)
 
 
-def placements(order: Sequence[Slot]) -> list[Placement]:
+def placements(order: Sequence[WorkerOnHost]) -> list[Placement]:
     """Rank, local rank and cross rank of each worker of a world in rank order."""
     hosts: list[str] = []
     counts: dict[str, int] = {}
