@@ -42,6 +42,7 @@ from typing import Any
 import torch
 
 from ringtrain import runtime
+from ringtrain.agreement.ranks import settle
 from ringtrain.errors import CheckpointError, first_line
 
 __all__ = [
@@ -319,12 +320,16 @@ def _rank_and_size() -> tuple[int, int]:
 
 def _agree(status: str | None, what: str) -> None:
     """Rank 0's status reaches every rank: all raise the same error, or none does."""
-    if _distributed():
+    def from_rank0(mine: str | None) -> list[str | None]:
+        if not _distributed():
+            return [mine]
         from ringtrain.collectives import broadcast_object
 
-        status = broadcast_object(status, root_rank=0, name=what)
-    if status is not None:
-        raise CheckpointError(status)
+        return [broadcast_object(mine, root_rank=0, name=what)]
+
+    found = settle(status, from_rank0)
+    if found:
+        raise CheckpointError(found[0])
 
 
 @contextlib.contextmanager

@@ -9,9 +9,10 @@ allreduces share one flat buffer).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field
 
+from ringtrain.agreement import group_ranks
 from ringtrain.errors import ranks_phrase
 
 __all__ = ["KINDS", "REDUCING", "Meta", "fusable", "mismatch"]
@@ -60,13 +61,6 @@ def _fmt_shape(shape: tuple[int, ...]) -> str:
     return f"({shape[0]},)" if len(shape) == 1 else str(shape)
 
 
-def _groups(metas: Mapping[int, Meta], key: object) -> list[tuple[object, list[int]]]:
-    out: dict[object, list[int]] = {}
-    for r in sorted(metas):
-        out.setdefault(key(metas[r]), []).append(r)  # type: ignore[operator]
-    return sorted(out.items(), key=lambda kv: kv[1][0])
-
-
 def mismatch(metas: Mapping[int, Meta]) -> str | None:
     """None when every rank's request under this name agrees; else the message all
     ranks raise (Horovod's words: "Mismatched allreduce tensor shapes: ...")."""
@@ -74,7 +68,7 @@ def mismatch(metas: Mapping[int, Meta]) -> str | None:
         return None
     first = metas[min(metas)]
     name, kind = first.name, first.kind
-    checks: list[tuple[str, object, str]] = [
+    checks: list[tuple[str, Callable[[Meta], Hashable], str]] = [
         ("operations", lambda m: m.kind, "every rank must call the same collective under one name"),
         (f"{kind} devices", lambda m: m.device, "place the tensor on the same kind of device "
                                                 "on every rank"),
@@ -92,10 +86,11 @@ def mismatch(metas: Mapping[int, Meta]) -> str | None:
     elif kind != "barrier":
         checks.append((f"{kind} tensor shapes", lambda m: m.shape, "every rank must pass the same shape"))
     for what, key, hint in checks:
-        groups = _groups(metas, key)
+        groups = group_ranks(metas, key)
         if len(groups) > 1:
             parts = []
-            for value, rs in groups[:6]:
+            for rs in groups[:6]:
+                value = key(metas[rs[0]])
                 if what.endswith("shapes"):
                     shown = _fmt_shape(metas[rs[0]].shape)
                 elif what.endswith("scale factors"):

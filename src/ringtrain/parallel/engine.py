@@ -27,7 +27,8 @@ import torch.distributed as dist
 from torch import nn
 
 from ringtrain import events, inflight, runtime
-from ringtrain.errors import ConfigError
+from ringtrain.agreement.ranks import settle
+from ringtrain.errors import ConfigError, rank_list
 from ringtrain.parallel.layout import Coords, Layout
 from ringtrain.parallel.memory import StateMemory, state_memory
 from ringtrain.parallel.mesh import Mesh, build_mesh
@@ -305,17 +306,19 @@ def _agree(problem: str | None, rank: int, world: int) -> None:
     no rank leaves while another is still joining the process group (a peer that
     exits mid-rendezvous breaks Gloo's connection set-up on the others).
     """
-    outcomes = [problem]
-    if world > 1:
+    def gather(mine: str | None) -> list[str | None]:
+        if world == 1:
+            return [mine]
         # NCCL moves only CUDA tensors (the device is not known yet: this rank's own).
         nccl = dist.get_backend() == "nccl"
         device = torch.device("cuda", torch.cuda.current_device()) if nccl else None
-        outcomes = inflight.gather_objects(problem, device=device)
-    failed = [r for r, p in enumerate(outcomes) if p]
+        return inflight.gather_objects(mine, device=device)
+
+    failed = settle(problem, gather)
     if not failed:
         return
-    first = outcomes[failed[0]]
-    where = "" if len(failed) == world else f" (on rank(s) {', '.join(map(str, failed))})"
+    first = failed[min(failed)]
+    where = "" if len(failed) == world else f" (on rank(s) {rank_list(failed)})"
     raise ConfigError(f"{first}{where}")
 
 

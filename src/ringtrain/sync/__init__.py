@@ -13,7 +13,7 @@ of them. Importing this package registers nothing: ``rt.init()`` hands
 :func:`~ringtrain.sync.table.resolve` to the collectives and :func:`close` to the
 runtime's shutdown (see :mod:`ringtrain.wiring`).
 
-Around the strategies: :mod:`~ringtrain.sync.signature` compares what ranks will
+Around the strategies: :mod:`ringtrain.agreement.signature` compares what ranks will
 exchange at the first step (MismatchError), :mod:`~ringtrain.sync.stall` names the ranks
 missing from an exchange that does not finish within ``stall_timeout`` (StallError),
 :mod:`~ringtrain.sync.channel` is the exchange thread the point-to-point strategies run
@@ -24,13 +24,13 @@ the host). See docs/sync.md for measurements.
 
 from __future__ import annotations
 
+from ringtrain.agreement.signature import check_exchange, check_signature, entry
 from ringtrain.sync import channel as _channel
 from ringtrain.sync import stall as _stall
 from ringtrain.sync.base import P2PStrategy, Strategy
 from ringtrain.sync.native import Native
 from ringtrain.sync.ps import ParameterServer
 from ringtrain.sync.ring import Ring
-from ringtrain.sync.signature import check_exchange, check_signature, entry
 from ringtrain.sync.stall import tracker
 from ringtrain.sync.table import STRATEGIES, make_strategy, resolve
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ringtrain.sync.signature import describe_mismatch, entry
+from ringtrain.agreement.signature import describe_mismatch, entry
 from ringtrain.sync.stall import Arrival, describe_stall, is_peer_failure
 
 MODEL = [entry("fc2.bias", (10,), torch.float32), entry("fc2.weight", (10, 128), torch.float32),

@@ -8,11 +8,11 @@ import pytest
 import torch
 
 from ringtrain import collectives
+from ringtrain.agreement.signature import strategy_settings
 from ringtrain.collectives import ReduceOp
 from ringtrain.errors import ConfigError
 from ringtrain.sync import STRATEGIES, Native, ParameterServer, Ring, make_strategy, resolve
 from ringtrain.sync._tensors import ScratchPool, aligned_spans, combine_, even_spans, flat_work
-from ringtrain.sync.signature import strategy_settings
 
 
 def test_one_table_names_every_strategy() -> None:

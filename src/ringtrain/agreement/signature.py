@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from ringtrain import runtime
+from ringtrain.agreement.ranks import group_ranks
 from ringtrain.errors import CollectiveError, MismatchError, StallError, ranks_phrase
 from ringtrain.settings import env_name
 
@@ -72,13 +73,10 @@ def describe_mismatch(
     the group of the lowest rank, so the message is the same on every rank.
     """
     settings = settings or {}
-    groups: dict[str, list[int]] = {}
-    for r in sorted(entries):
-        key = json.dumps([entries[r], settings.get(r, {})], sort_keys=True, default=list)
-        groups.setdefault(key, []).append(r)
-    if len(groups) <= 1:
+    ordered = group_ranks({r: (entries[r], settings.get(r, {})) for r in entries},
+                          key=lambda both: json.dumps(list(both), sort_keys=True, default=list))
+    if len(ordered) <= 1:
         return None
-    ordered = sorted(groups.values(), key=lambda rs: rs[0])
     ref_ranks = ordered[0]
     ref = ref_ranks[0]
     lines = []

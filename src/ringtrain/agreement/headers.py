@@ -6,7 +6,8 @@ process, for point-to-point rings). Horovod's coordinator refuses such a call on
 rank ("Mismatched allreduce tensor shapes"). ringtrain does the same with one small
 exchange: every rank contributes a fixed-size integer *header* (which collective, the
 op, the dtype, the shape, the root, the algorithm) through one small exchange, and every
-rank compares all headers with the same rule, so all of them raise the same
+rank compares all headers with the same rule (:func:`~.ranks.group_ranks`), so all of
+them raise the same
 :class:`~ringtrain.errors.MismatchError` or none does. Nothing of the real collective
 has been issued by then, so the job can go on after the error.
 
@@ -14,7 +15,7 @@ The header also carries what the collective needs to know anyway (the first dime
 of each rank's allgather input, the alltoall splits), so allgather and alltoall cost no
 extra round; allreduce, broadcast and reducescatter pay one small exchange. The fused
 gradient exchange of the optimizers does not come through here: its layout is compared
-once, at the first step (:mod:`ringtrain.sync.signature`).
+once, at the first step (:mod:`ringtrain.agreement.signature`).
 
 :func:`describe` is pure and unit-tested; :func:`agree` does the exchange.
 """
@@ -29,6 +30,7 @@ import torch
 import torch.distributed as dist
 
 from ringtrain import inflight
+from ringtrain.agreement.ranks import group_ranks, settle
 from ringtrain.errors import ConfigError, MismatchError, ranks_phrase
 
 __all__ = ["Header", "KINDS", "MAX_DIMS", "OPS", "agree", "describe", "encode", "decode", "op_code",
@@ -129,17 +131,14 @@ def describe(kind: str, headers: Sequence[Header], names: Sequence[str | None] |
     """None when the ranks' headers agree for ``kind``; else the error message (the same
     on every rank, since every rank computes it from the same headers). ``names`` and
     ``variants`` (the algorithms' labels), by rank, only word the message."""
-    if len({_key(h, kind) for h in headers}) <= 1:
+    ordered = group_ranks(headers, key=lambda h: _key(h, kind))
+    if len(ordered) <= 1:
         return None
     label = ""
     if names is not None:
         distinct = sorted({n for n in names if n})
         label = f" of {distinct[0]!r}" if len(distinct) == 1 else (
             " of " + ", ".join(f"{n!r}" for n in distinct[:4]) if distinct else "")
-    groups: dict[tuple[object, ...], list[int]] = {}
-    for r, h in enumerate(headers):
-        groups.setdefault(_key(h, kind), []).append(r)
-    ordered = sorted(groups.values(), key=lambda rs: rs[0])
     kinds = {h.kind for h in headers}
     if len(kinds) > 1:
         what = "collective operations"
@@ -204,8 +203,8 @@ def agree(kind: str, tensor: torch.Tensor, size: int, rank: int, name: str | Non
     exchange(table.view(-1))
     headers = [decode(r) for r in table.tolist()]
     if any(h.invalid for h in headers):
-        problems: list[str | None] = inflight.gather_objects(problem, device=device)
-        raise ConfigError("; ".join(f"rank {r}: {p}" for r, p in enumerate(problems) if p))
+        found = settle(problem, lambda mine: inflight.gather_objects(mine, device=device))
+        raise ConfigError("; ".join(f"rank {r}: {p}" for r, p in found.items()))
     if describe(kind, headers) is None:
         return headers
     # Everyone found the same mismatch: a second exchange for the names is safe.
