@@ -1,24 +1,33 @@
-"""Keep tensors handed to a backend alive until the backend's threads let go of them.
+"""What is inside a backend call right now: ringtrain's tensors handed to one and its
+threads waiting in one. Both must be let go before the interpreter finalizes.
 
-Found with a core dump of the rare exit abort ("terminate called without an active
-exception", 2 runs in 50 under load): a Gloo worker thread finishes an allreduce, the
-caller's ``wait()`` returns, the caller drops its tensor, and only then does the
-worker destroy its work object. Its reference to the tensor is now the last one, so
-releasing it must decref the tensor's Python object and take the GIL; if the
-interpreter is finalizing by then, taking the GIL ends the thread with
-``pthread_exit`` inside C++ code that may not unwind, and the process aborts.
+**Tensors.** Found with a core dump of the rare exit abort ("terminate called without
+an active exception", 2 runs in 50 under load): a Gloo worker thread finishes an
+allreduce, the caller's ``wait()`` returns, the caller drops its tensor, and only then
+does the worker destroy its work object. Its reference to the tensor is now the last
+one, so releasing it must decref the tensor's Python object and take the GIL; if the
+interpreter is finalizing by then, taking the GIL ends the thread with ``pthread_exit``
+inside C++ code that may not unwind, and the process aborts.
 
-So every tensor ringtrain passes to a collective is also held here, with the
-TensorImpl reference count it had before the call. :func:`drain` (``rt.shutdown()`` and
-the runtime's exit handler call it) waits until each is back to that count, i.e. the
-backend has let go, and only then are they released, in the calling thread. Each hold
-first drops the calling thread's tensors the backend has let go of since (so a job
+So every tensor ringtrain passes to a collective is also held here (:func:`hold`), with
+the TensorImpl reference count it had before the call. :func:`drain` (``rt.shutdown()``
+and the runtime's exit handler call it) waits until each is back to that count, i.e.
+the backend has let go, and only then are they released, in the calling thread. Each
+hold first drops the calling thread's tensors the backend has let go of since (so a job
 keeps only what is in flight, not hundreds of fused buffers); the deque keeps at most a
-few hundred.
+few hundred. torch's own object collectives (``all_gather_object``,
+``broadcast_object_list``) make their tensors inside torch, where nothing can hold
+them: :func:`gather_objects` is the held replacement every layer uses.
 
-torch's own object collectives (``all_gather_object``, ``broadcast_object_list``)
-make their tensors inside torch, where nothing can hold them: :func:`gather_objects`
-is the held replacement every layer uses. Leaf module: torch only.
+**Threads.** A daemon thread that is inside a torch C++ call (a store ``set``, a Gloo
+wait) when the interpreter starts to finalize cannot come back the same way: a thread
+looping on ``TCPStore.set`` at exit aborts the process 20 times in 20 here. So each such
+thread is tracked (:func:`track`), and the runtime's exit handler, which runs before
+finalization, asks them to stop and joins them (:func:`settle`). A thread that does not
+finish in time is reported, and the process leaves with status 1 instead of aborting
+(see ``runtime.membership.Membership._exit_guard``).
+
+Leaf module: torch only.
 """
 
 from __future__ import annotations
@@ -26,13 +35,14 @@ from __future__ import annotations
 import pickle
 import threading
 import time
+import weakref
 from collections import deque
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-__all__ = ["drain", "gather_objects", "hold"]
+__all__ = ["drain", "gather_objects", "hold", "settle", "track"]
 
 _held: deque[tuple[torch.Tensor, int, int]] = deque(maxlen=512)  # (tensor, base, thread)
 _lock = threading.Lock()
@@ -95,3 +105,27 @@ def gather_objects(obj: Any, group: Any = None, device: torch.device | None = No
     dist.all_gather(outs, padded, group=group)
     return [pickle.loads(out[:length].cpu().numpy().tobytes())
             for out, length in zip(outs, lengths, strict=True)]
+
+
+# -- threads inside a backend call -------------------------------------------------------------
+
+_threads: weakref.WeakSet[threading.Thread] = weakref.WeakSet()
+_threads_lock = threading.Lock()
+
+
+def track(thread: threading.Thread) -> threading.Thread:
+    """Join ``thread`` at exit (it must end on its own once its owner closed it)."""
+    with _threads_lock:
+        _threads.add(thread)
+    return thread
+
+
+def settle(timeout: float) -> list[str]:
+    """Join every tracked thread that is still alive, within ``timeout`` s in all;
+    the names of those that are still running at the deadline."""
+    deadline = time.monotonic() + timeout
+    with _threads_lock:
+        threads = [t for t in _threads if t.is_alive() and t is not threading.current_thread()]
+    for t in threads:
+        t.join(max(0.0, deadline - time.monotonic()))
+    return [t.name for t in threads if t.is_alive()]

@@ -1,7 +1,7 @@
 """Leaving without rt.shutdown(): no thread of ringtrain's is left running when the
 interpreter finalizes (one inside a store or Gloo call then aborts the process:
 "terminate called without an active exception", 1 run in ~165 of a 2-rank ps job under
-load). The fallback, a thread that cannot finish, is tested in tests/unit/core/test_lingering.py."""
+load). The fallback, a thread that cannot finish, is tested in tests/unit/core/test_inflight_threads.py."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """A drop-in for ``horovod.torch``: ``import ringtrain.horovod as hvd``.
 
 Horovod's names, signatures, defaults and semantics on ``torch.distributed``: named,
-negotiated collectives in any order (:mod:`ringtrain.coordinator`), process sets,
+negotiated collectives in any order (:mod:`ringtrain.horovod._coordinator`), process sets,
 ``join``, differentiable ops, Adasum, ``DistributedOptimizer`` on ringtrain's fused
 exchange, ``SyncBatchNorm``, the timeline and ``hvd.elastic``. docs/migrate.md lists
 what differs.
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ringtrain.coordinator import ProcessSet
+from ringtrain.horovod._coordinator import ProcessSet
 from ringtrain.horovod.autograd import (
     allgather,
     allreduce,

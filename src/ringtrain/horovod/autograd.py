@@ -15,8 +15,8 @@ from typing import Any
 
 import torch
 
-from ringtrain.coordinator import ProcessSet
 from ringtrain.horovod import ops
+from ringtrain.horovod._coordinator import ProcessSet
 from ringtrain.horovod.basics import global_process_set, rank
 from ringtrain.horovod.compression import Compression, Compressor
 from ringtrain.horovod.handles import Average, Sum, handle_average_backwards_compatibility, synchronize

@@ -2,7 +2,7 @@
 
 ``init`` joins the job through ``rt.init()`` (any launcher ringtrain reads: ringrun,
 horovodrun, torchrun, mpirun, srun) and starts the coordinator
-(:mod:`ringtrain.coordinator`) that runs Horovod's named, negotiated operations.
+(:mod:`ringtrain.horovod._coordinator`) that runs Horovod's named, negotiated operations.
 ``shutdown`` stops both; ``init`` again works (Horovod's test suite does it per test).
 The ``*_built``/``*_enabled`` answers describe this engine truthfully: Gloo always, NCCL
 when torch has CUDA, no MPI, DDL or oneCCL.
@@ -18,8 +18,8 @@ from typing import Any
 import torch
 
 from ringtrain import runtime, wiring
-from ringtrain.coordinator import Engine, ProcessSet
 from ringtrain.errors import ConfigError, NotInitializedError
+from ringtrain.horovod._coordinator import Engine, ProcessSet
 from ringtrain.horovod.timeline import start_from_env
 
 __all__ = [
@@ -89,7 +89,7 @@ def init(comm: Any = None, process_sets: Sequence[ProcessSet] | str | None = Non
 
 def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
     """Record a Chrome trace of the named operations; rank 0 writes ``file_path`` at
-    ``stop_timeline()`` (format: :mod:`ringtrain.coordinator.trace`)."""
+    ``stop_timeline()`` (format: :mod:`ringtrain.horovod._coordinator.trace`)."""
     engine().trace.start(file_path, mark_cycles)
 
 

@@ -14,8 +14,8 @@ from typing import Any
 import torch
 
 from ringtrain import replicate
-from ringtrain.coordinator import ProcessSet
 from ringtrain.horovod import ops
+from ringtrain.horovod._coordinator import ProcessSet
 from ringtrain.horovod.autograd import allgather, broadcast_
 from ringtrain.horovod.basics import global_process_set, rank
 from ringtrain.horovod.handles import set_id, synchronize, unique_name

@@ -1,6 +1,6 @@
 """Horovod's asynchronous operations: integer handles, ``poll`` and ``synchronize``.
 
-Each ``*_async`` call describes its operation (a :class:`~ringtrain.coordinator.Meta`)
+Each ``*_async`` call describes its operation (a :class:`~ringtrain.horovod._coordinator.Meta`)
 and submits it to the coordinator; the integer it returns maps to the coordinator's
 handle(s) and a function that shapes the result. Names follow Horovod's: an operation
 named ``x`` is ``allreduce.x``; unnamed ones are numbered per process set, so ranks that
@@ -16,8 +16,8 @@ from typing import Any
 
 import torch
 
-from ringtrain.coordinator import Handle, Meta, ProcessSet, Request
 from ringtrain.errors import CollectiveError, ConfigError
+from ringtrain.horovod._coordinator import Meta, PendingOp, ProcessSet, Request
 from ringtrain.horovod.basics import engine, global_process_set
 
 __all__ = ["Adasum", "Average", "HorovodInternalError", "HorovodUsageError", "Max", "Min", "Product",
@@ -39,7 +39,7 @@ class HorovodUsageError(ConfigError, RuntimeError):
     """A call Horovod refuses with a RuntimeError (e.g. reducescatter with Adasum)."""
 
 
-_handles: dict[int, tuple[list[Handle], Callable[[list[Any]], Any]]] = {}
+_handles: dict[int, tuple[list[PendingOp], Callable[[list[Any]], Any]]] = {}
 _next_handle = itertools.count(1)
 _counters: dict[tuple[str, int], itertools.count[int]] = {}
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from ringtrain.coordinator import Meta, ProcessSet, Request
+from ringtrain.horovod._coordinator import Meta, ProcessSet, Request
 from ringtrain.horovod.basics import engine, global_process_set
 from ringtrain.horovod.handles import (
     Adasum,

@@ -26,7 +26,7 @@ import torch
 
 from ringtrain import collectives
 from ringtrain.collectives import Handle, ReduceOp
-from ringtrain.coordinator import Meta, ProcessSet, Request
+from ringtrain.horovod._coordinator import Meta, ProcessSet, Request
 from ringtrain.horovod.basics import engine, global_process_set
 from ringtrain.horovod.compression import Compression, Compressor
 from ringtrain.horovod.handles import Adasum, Average, Sum, op_name, set_id

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ringtrain.coordinator import ProcessSet
+from ringtrain.horovod._coordinator import ProcessSet
 from ringtrain.horovod.basics import engine
 
 __all__ = ["ProcessSet", "add_process_set", "remove_process_set"]

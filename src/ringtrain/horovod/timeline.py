@@ -2,14 +2,14 @@
 
 ``HOROVOD_TIMELINE=<path>`` starts one at ``init()`` (``DYNAMIC`` means: only through
 ``start_timeline``), ``HOROVOD_TIMELINE_MARK_CYCLES=1`` marks each coordinator cycle.
-The trace format is described in :mod:`ringtrain.coordinator.trace`.
+The trace format is described in :mod:`ringtrain.horovod._coordinator.trace`.
 """
 
 from __future__ import annotations
 
 import os
 
-from ringtrain.coordinator import Engine
+from ringtrain.horovod._coordinator import Engine
 
 __all__ = ["start_from_env"]
 

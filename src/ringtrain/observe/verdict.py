@@ -26,7 +26,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from ringtrain.bubble import bubble_fraction
+from ringtrain.pipeline_bubble import bubble_fraction
 
 __all__ = ["BOUND_SHARE", "RankView", "Diagnosis", "diagnose", "render", "rank_view"]
 

@@ -19,8 +19,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from ringtrain.bubble import bubble_fraction
 from ringtrain.errors import ConfigError
+from ringtrain.pipeline_bubble import bubble_fraction
 
 __all__ = ["SCHEDULES", "Coords", "Layout", "divisors"]
 

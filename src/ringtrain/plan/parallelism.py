@@ -44,8 +44,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from ringtrain.bubble import bubble_fraction
 from ringtrain.errors import ConfigError
+from ringtrain.pipeline_bubble import bubble_fraction
 from ringtrain.plan.cost import ring_allreduce
 from ringtrain.plan.network import Link, Topology
 

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from ringtrain import assignment, inflight, lingering
+from ringtrain import assignment, inflight
 from ringtrain import sever as sever_mod
 from ringtrain.env import LaunchEnv, parse_env
 from ringtrain.errors import ConfigError, LaunchEnvError, NotInitializedError
@@ -261,10 +261,10 @@ class Membership:
             # still take their decrefs (see ringtrain.inflight).
             inflight.drain()
             # No thread of ours may be inside a backend call once finalization starts
-            # (see ringtrain.lingering): one that does not finish in time makes this a
+            # (see ringtrain.inflight): one that does not finish in time makes this a
             # clean exit with status 1 rather than an abort.
             wait_s = self._exit_wait_s()
-            stuck = lingering.settle(wait_s)
+            stuck = inflight.settle(wait_s)
             if not stuck:
                 return
             print(f"ringtrain: thread(s) {', '.join(stuck)} still inside a backend call at exit "

@@ -36,7 +36,7 @@ from typing import Any, TypeVar
 
 import torch
 
-from ringtrain import lingering, runtime
+from ringtrain import inflight, runtime
 from ringtrain.sync._tensors import ScratchPool
 from ringtrain.sync.transport import GlooTransport, Msg, NcclTransport, Op, PeerError, Transport
 
@@ -70,7 +70,7 @@ class Channel:
         self._closed = False
         # A daemon thread: an exchange stuck on a dead peer must not keep the process alive.
         self._thread = threading.Thread(target=self._run, name="ringtrain-exchange", daemon=True)
-        lingering.track(self._thread)  # in Gloo while it exchanges: joined at exit once closed
+        inflight.track(self._thread)  # in Gloo while it exchanges: joined at exit once closed
         self._thread.start()
 
     # -- used by algorithms, on the exchange thread ------------------------------------

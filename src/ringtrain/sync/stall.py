@@ -32,7 +32,7 @@ from typing import Any, TypeVar
 import torch
 import torch.distributed as dist
 
-from ringtrain import lingering, runtime
+from ringtrain import inflight, runtime
 from ringtrain.errors import CollectiveError, StallError, first_line
 from ringtrain.peer_failure import Failure, classify
 from ringtrain.settings import env_name
@@ -104,7 +104,7 @@ class Tracker:
         self._written = True
         self._closed = False
         self._thread = threading.Thread(target=self._report, name="ringtrain-stall", daemon=True)
-        lingering.track(self._thread)  # it writes to the store: joined at exit once closed
+        inflight.track(self._thread)  # it writes to the store: joined at exit once closed
         self._thread.start()
         atexit.register(self.mark_gone)
 
@@ -203,7 +203,7 @@ def _bounded(fn: Callable[[], T], seconds: float) -> T | None:
             box.append((False, exc))
 
     t = threading.Thread(target=run, name="ringtrain-store-call", daemon=True)
-    lingering.track(t)  # left in the store call past the bound: still joined at exit
+    inflight.track(t)  # left in the store call past the bound: still joined at exit
     t.start()
     t.join(seconds)
     if not box:

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import torch
 
-from ringtrain.buckets import plan_buckets
+from ringtrain.fusion import plan_buckets
 
 CPU = torch.device("cpu")
 

@@ -18,15 +18,15 @@ LAYERS = ["launch", "runtime", "collectives", "sync", "optimizer", "data", "obse
           "checkpoint", "parallel", "elastic", "facades"]
 _LAYER_OF = {
     "launch": "launch", "runtime": "runtime", "collectives": "collectives", "agreement": "collectives",
-    "sync": "sync", "optimizer": "optimizer", "fusion": "optimizer", "buckets": "optimizer",
+    "sync": "sync", "optimizer": "optimizer", "fusion": "optimizer",
     "replicate": "optimizer", "schedule": "optimizer", "data": "data", "observe": "observe",
-    "coordinator": "collectives", "checkpoint": "checkpoint", "elastic": "elastic",
+    "checkpoint": "checkpoint", "elastic": "elastic",
     "parallel": "parallel",
     "horovod": "facades", "keras": "facades",
 }
 # Imported by anything: they import no other layer.
-LEAVES = {"errors", "settings", "env", "events", "sockets", "compression", "bubble", "signing", "inflight",
-          "lingering", "cpus", "addresses", "assignment", "sever", "peer_failure", "stopping"}
+LEAVES = {"errors", "settings", "env", "events", "sockets", "compression", "pipeline_bubble", "signing", "inflight",
+          "cpus", "addresses", "assignment", "sever", "peer_failure", "stopping"}
 # Not layers: the composition root (sets the hooks) and the tools built on everything.
 TOOLS = {"wiring", "cli", "plan", "__init__"}
 

@@ -1,4 +1,4 @@
-"""ringtrain.lingering: the threads joined at exit, and the exit that a thread which
+"""ringtrain.inflight (threads): the threads joined at exit, and the exit that a thread which
 cannot finish turns into status 1 instead of an abort."""
 
 from __future__ import annotations
@@ -12,24 +12,24 @@ import time
 
 import pytest
 
-from ringtrain import lingering
+from ringtrain import inflight
 
 
 def test_settle_joins_threads_that_finish_and_names_those_that_do_not() -> None:
     release = threading.Event()
-    quick = lingering.track(threading.Thread(target=time.sleep, args=(0.2,), name="quick"))
-    stuck = lingering.track(threading.Thread(target=release.wait, name="stuck", daemon=True))
+    quick = inflight.track(threading.Thread(target=time.sleep, args=(0.2,), name="quick"))
+    stuck = inflight.track(threading.Thread(target=release.wait, name="stuck", daemon=True))
     quick.start()
     stuck.start()
     try:
         t0 = time.monotonic()
-        assert lingering.settle(1.0) == ["stuck"]
+        assert inflight.settle(1.0) == ["stuck"]
         assert not quick.is_alive()  # joined, not merely waited past
         assert 0.9 <= time.monotonic() - t0 < 5.0  # the bound is for all threads together
     finally:
         release.set()
         stuck.join(5)
-    assert lingering.settle(1.0) == []
+    assert inflight.settle(1.0) == []
 
 
 @pytest.mark.timeout(60)
@@ -37,10 +37,10 @@ def test_exit_with_a_thread_that_cannot_finish_is_status_1_with_a_message() -> N
     script = textwrap.dedent("""
         import threading, time
         import ringtrain as rt
-        from ringtrain import lingering
+        from ringtrain import inflight
         rt.init()
         t = threading.Thread(target=time.sleep, args=(120,), name="ringtrain-test", daemon=True)
-        lingering.track(t).start()
+        inflight.track(t).start()
         print("leaving", flush=True)
     """)
     t0 = time.monotonic()
@@ -58,9 +58,9 @@ def test_exit_with_every_thread_finished_keeps_the_scripts_status() -> None:
     script = textwrap.dedent("""
         import sys, threading, time
         import ringtrain as rt
-        from ringtrain import lingering
+        from ringtrain import inflight
         rt.init()
-        lingering.track(threading.Thread(target=time.sleep, args=(0.5,), daemon=True)).start()
+        inflight.track(threading.Thread(target=time.sleep, args=(0.5,), daemon=True)).start()
         sys.exit(3)
     """)
     res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=50)

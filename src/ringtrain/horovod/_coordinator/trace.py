@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ringtrain.coordinator.requests import Meta
+from ringtrain.horovod._coordinator.requests import Meta
 
 __all__ = ["Trace"]
 

@@ -19,8 +19,8 @@ import torch
 import torch.distributed as dist
 
 from ringtrain import inflight
-from ringtrain.coordinator.adasum import adasum_tree
-from ringtrain.coordinator.requests import Meta
+from ringtrain.horovod._coordinator.adasum import adasum_tree
+from ringtrain.horovod._coordinator.requests import Meta
 
 __all__ = ["Group", "Request", "allgather", "allreduce_fused", "alltoall", "broadcast",
            "reducescatter", "reducescatter_shares"]

@@ -40,22 +40,22 @@ from typing import Any
 import torch.distributed as dist
 
 from ringtrain import inflight, runtime
-from ringtrain.coordinator import execute
-from ringtrain.coordinator.execute import Group, Request
-from ringtrain.coordinator.process_sets import ProcessSet
-from ringtrain.coordinator.requests import REDUCING, Meta, fusable, mismatch
-from ringtrain.coordinator.trace import Trace
 from ringtrain.errors import CollectiveError, ConfigError, MismatchError, StallError, first_line
+from ringtrain.horovod._coordinator import execute
+from ringtrain.horovod._coordinator.execute import Group, Request
+from ringtrain.horovod._coordinator.process_sets import ProcessSet
+from ringtrain.horovod._coordinator.requests import REDUCING, Meta, fusable, mismatch
+from ringtrain.horovod._coordinator.trace import Trace
 from ringtrain.peer_failure import Failure, classify
 
-__all__ = ["Engine", "Handle"]
+__all__ = ["Engine", "PendingOp"]
 
 log = logging.getLogger("ringtrain.coordinator")
 
 _JOIN = "__join__"
 
 
-class Handle:
+class PendingOp:
     """One submitted operation; :meth:`wait` returns its result or raises its error."""
 
     def __init__(self, engine: Engine, meta: Meta, request: Request | None) -> None:
@@ -119,13 +119,13 @@ class Engine:
         self._lock = threading.Lock()
         self._outbox: list[Meta] = []
         # Names are per process set, as in Horovod: (set id, name) identifies an operation.
-        self._pending: dict[tuple[int, str], Handle] = {}  # this rank's, not finished yet
+        self._pending: dict[tuple[int, str], PendingOp] = {}  # this rank's, not finished yet
         self._table: dict[tuple[int, str], _Entry] = {}  # the job's, not run yet
         self._order = itertools.count()
         self._cycle = 0  # the cycle the next submission goes into
         self._signalled = -1
         self._joined_local = False
-        self._join_handle: Handle | None = None
+        self._join_handle: PendingOp | None = None
         self._joined: set[int] = set()
         self._last_joined = -1
         self._stopping_local = False
@@ -179,12 +179,12 @@ class Engine:
 
     # -- submitting ---------------------------------------------------------------------
 
-    def submit(self, meta: Meta, request: Request | None) -> Handle:
+    def submit(self, meta: Meta, request: Request | None) -> PendingOp:
         ps_group = self.group_of(meta.set_id)
         if self.rank not in ps_group.ranks:
             raise ConfigError(f"rank {self.rank} is not in process set {meta.set_id} "
                               f"(ranks {ps_group.ranks}); only its members may use it")
-        handle = Handle(self, meta, request)
+        handle = PendingOp(self, meta, request)
         with self._lock:
             self._raise_if_failed()
             if self._joined_local:
@@ -201,9 +201,9 @@ class Engine:
         self.trace.submitted(meta)
         return handle
 
-    def join(self) -> Handle:
+    def join(self) -> PendingOp:
         meta = Meta(_JOIN, "barrier")
-        handle = Handle(self, meta, None)
+        handle = PendingOp(self, meta, None)
         with self._lock:
             self._raise_if_failed()
             if self._joined_local:
@@ -400,7 +400,7 @@ class Engine:
                     self._complete(h, result=res)
 
     def _run_op(self, kind: str, group: Group, items: list[tuple[Meta, dict[int, Meta]]],
-                mine: list[Handle | None]) -> list[Any]:
+                mine: list[PendingOp | None]) -> list[Any]:
         reqs = [h.request if h is not None else None for h in mine]
         meta, metas = items[0]
         if kind == "allreduce":
@@ -419,7 +419,7 @@ class Engine:
             return [execute.alltoall(group, metas, req, self.rank)]
         raise CollectiveError(f"unknown operation {kind!r}")
 
-    def _complete(self, handle: Handle, result: Any = None, error: BaseException | None = None) -> None:
+    def _complete(self, handle: PendingOp, result: Any = None, error: BaseException | None = None) -> None:
         with self._lock:
             if self._pending.get(handle.meta.key) is handle:
                 del self._pending[handle.meta.key]
