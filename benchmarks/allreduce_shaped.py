@@ -52,7 +52,7 @@ def theory(algorithm: str, n: int) -> float:
 
 def rank_main(job_file: str) -> int:
     """One rank's part, run inside its namespace: measure, rank 0 writes the records."""
-    from allreduce import measure
+    from allreduce_measure import measure
 
     import ringtrain as rt
 

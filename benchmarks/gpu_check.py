@@ -315,7 +315,7 @@ def multi_gpu_check(device: Any) -> str:
     if device.type != "cuda" or torch.cuda.device_count() < 2:
         return ("skip: one GPU here. NCCL refuses two ranks on one device, so multi-rank GPU "
                 "figures (ring/ps between GPUs) wait for a machine with several GPUs")
-    from allreduce import spawn_world
+    from local_job import spawn_world
 
     got = spawn_world(_two_rank_job, 2, env={"CUDA_DEVICE_MAX_CONNECTIONS": "1"})[0]
     return ", ".join(f"{a} {s * 1e3:.2f} ms (busbw {64 / 1024 / s:.1f} GB/s)" for a, s in got.items())

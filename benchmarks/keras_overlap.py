@@ -39,7 +39,7 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from allreduce import spawn_world  # noqa: E402  (the local-job helper)
+from local_job import spawn_world  # noqa: E402  (the local-job helper)
 
 SETUPS = ["keras-none", "keras-after", "keras-overlap", "torch-none", "torch"]
 # The ranks' environment: Keras on torch; no progress lines from rank 0's step meter.

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from allreduce import spawn_world  # noqa: E402  (the local-job helper)
+from local_job import spawn_world  # noqa: E402  (the local-job helper)
 
 SETUPS = ["none", "ddp", "native", "ring", "ps", "per-tensor"]
 

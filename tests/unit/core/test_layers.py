@@ -7,6 +7,7 @@ import ast
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -120,6 +121,68 @@ def test_no_import_circle() -> None:
         if name not in state:
             walk(name, [name])
     assert cycles == []
+
+
+# Tools that start jobs (they may use the launcher); everything else runs in a worker.
+_JOB_STARTERS = {"ringtrain.cli", "ringtrain.observe.doctor"}
+
+
+def test_no_worker_side_module_imports_the_launcher() -> None:
+    """The world, the collectives, the optimizer, sync/, data/, checkpoints, the worker
+    side of elastic, the facades: what a worker and ringrun share are leaves
+    (addresses, assignment, sever, sockets, cpus, stopping), never ringtrain.launch."""
+    wrong = [f"{module} imports {dep}" for module, deps in _graph().items()
+             if _top(module) not in ("launch", "plan") and module not in _JOB_STARTERS
+             for dep in deps if dep == "ringtrain.launch" or dep.startswith("ringtrain.launch.")]
+    assert wrong == []
+
+
+def _script_graph(folders: list[Path]) -> dict[Path, set[Path]]:
+    """Imports between the scripts of ``folders`` (benchmarks, tests, examples): by file
+    name within a folder, by dotted path below tests/."""
+    tests = SRC.parents[1] / "tests"
+    files = [p for folder in folders for p in folder.rglob("*.py")]
+    by_name: dict[str, list[Path]] = {}
+    for p in files:
+        by_name.setdefault(p.stem, []).append(p)
+        if tests in p.parents:
+            by_name.setdefault(".".join(p.relative_to(tests).with_suffix("").parts), []).append(p)
+    graph: dict[Path, set[Path]] = {}
+    for p in files:
+        names: set[str] = set()
+        for node in ast.walk(ast.parse(p.read_text())):
+            if isinstance(node, ast.Import):
+                names.update(a.name for a in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                names.add(node.module)
+                names.update(f"{node.module}.{a.name}" for a in node.names)
+        graph[p] = {q for name in names for q in by_name.get(name, [])
+                    if q != p and (q.parent == p.parent or "." in name)}
+    return graph
+
+
+def _cycles(graph: dict[Any, set[Any]]) -> list[list[Any]]:
+    state: dict[Any, int] = {}
+    cycles: list[list[Any]] = []
+
+    def walk(node: Any, stack: list[Any]) -> None:
+        state[node] = 1
+        for dep in sorted(graph[node], key=str):
+            if state.get(dep) == 1:
+                cycles.append(stack[stack.index(dep):] + [dep] if dep in stack else [node, dep])
+            elif dep not in state:
+                walk(dep, stack + [dep])
+        state[node] = 2
+
+    for name in sorted(graph, key=str):
+        if name not in state:
+            walk(name, [name])
+    return cycles
+
+
+def test_no_import_circle_among_benchmarks_tests_and_examples() -> None:
+    root = SRC.parents[1]
+    assert _cycles(_script_graph([root / "benchmarks", root / "tests", root / "examples"])) == []
 
 
 def test_each_strategy_name_is_declared_once() -> None:
