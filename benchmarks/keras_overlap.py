@@ -19,7 +19,7 @@ as DDP's first bucket does: the 4.7 MB Dense kernel, whose gradient is ready ear
 backward, goes alone, and travels while the convolutions' backward runs.
 
 On loopback both ranks share two cores and the exchange is CPU copies competing with
-compute (FIELD-NOTES: overlap buys little there); on shaped links (``--shaped-mbit``) the
+compute (overlap buys little there, as docs/sync.md measures); on shaped links (``--shaped-mbit``) the
 exchange is time on a wire and overlap can hide it behind backward.
 
 Prints the table with each setup's time over keras-none and over torch; writes JSON.

@@ -1,6 +1,7 @@
 """ringtrain: fast data-parallel PyTorch training on one machine and on many.
 
-The public API (see DESIGN.md), re-exported from small private modules::
+The public API (README.md; docs/architecture.md for the layers behind it), re-exported
+from small private modules::
 
     import ringtrain as rt
     rt.init()

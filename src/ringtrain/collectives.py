@@ -50,6 +50,9 @@ __all__ = [
 
 
 class ReduceOp(enum.Enum):
+    """How a collective combines the ranks' tensors (``rt.Average``, ``rt.Sum``, ``rt.Min``,
+    ``rt.Max``)."""
+
     AVERAGE = "average"
     SUM = "sum"
     MIN = "min"

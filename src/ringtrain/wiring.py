@@ -1,8 +1,8 @@
 """The composition root: ``rt.init()`` joins the job, then connects the layers.
 
-Importing a ringtrain module registers nothing and starts nothing. Lower layers that
-need something from a higher-numbered one in DESIGN.md's order get it here, through an
-explicit hook, once the world exists:
+Importing a ringtrain module registers nothing and starts nothing. A layer that needs
+something from a layer below it (the order of docs/architecture.md) gets it here,
+through an explicit hook, once the world exists:
 
 - the collectives resolve ``algorithm=`` names through the strategy table of
   :mod:`ringtrain.sync` (``rt.allreduce(t, algorithm="ring")``);

@@ -2,8 +2,7 @@
 
 This sandbox refuses ``podman run`` (crun's setrlimit is not permitted), so the image is
 built with ``podman build --isolation chroot`` and its commands run through the same
-chroot isolation with ``buildah run --isolation chroot`` (FIELD-NOTES, "Containers on
-this machine"). Everything lives in one work directory: the container storage
+chroot isolation with ``buildah run --isolation chroot`` (docs/container.md). Everything lives in one work directory: the container storage
 (``podman --root``), a Debian base made offline from Debian's packages by debootstrap,
 the build context with a wheelhouse, and it is all removed by :meth:`Images.close`.
 

@@ -127,9 +127,6 @@ class _EpochIterator:
 
 
 class Loader:
-    #: The loader reports its own data waits on the event bus, so
-    #: ``rt.observe.instrument(loader)`` returns it unwrapped (no double counting).
-    publishes_data_wait = True
     """Batches of a map-style or sharded dataset, loaded by worker processes through
     shared memory.
 
@@ -164,6 +161,10 @@ class Loader:
             a dead worker is reported at once either way).
         max_workers: upper bound for ``num_workers="auto"``.
     """
+
+    #: The loader reports its own data waits on the event bus, so
+    #: ``rt.observe.instrument(loader)`` returns it unwrapped (no double counting).
+    publishes_data_wait = True
 
     def __init__(self, dataset: Any, batch_size: int = 256, shuffle: bool = True,
                  seed: int = 0, num_workers: int | str = "auto",

@@ -32,7 +32,8 @@ __all__ = ["BOUND_SHARE", "RankView", "Diagnosis", "diagnose", "render", "rank_v
 
 #: A blocker that takes this share of the step or more is worth fixing first: the
 #: device idles for it on every step (and 10% is about what scaling studies lose to
-#: communication at 90% efficiency, FIELD-NOTES "Published scaling results").
+#: communication at 90% efficiency: the published results ringtrain.plan.validation
+#: checks the planner against).
 BOUND_SHARE = 0.10
 # Share of a step that a blocking host-to-device copy may take before it gets its own advice.
 _COPY_SHARE = 0.05

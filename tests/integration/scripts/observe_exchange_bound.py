@@ -1,7 +1,8 @@
 """Synthetic exchange-bound training: 16 MB of gradients per step for a few ms of compute.
 
 Run with 2 ranks: one 2048x2048 layer and a batch of 4, so each step's allreduce
-(~18 ms for 16 MB over Gloo loopback, FIELD-NOTES) dwarfs forward and backward.
+(tens of ms for 16 MB over Gloo loopback on 2 cores; docs/sync.md has this machine's
+numbers) dwarfs forward and backward.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""The package's structure: DESIGN.md's layer order holds, there is no import circle,
-and importing registers or starts nothing (``rt.init()`` wires the layers)."""
+"""The package's structure: the layer order of docs/architecture.md holds, there is no
+import circle, and importing registers or starts nothing (``rt.init()`` wires the layers)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 
 SRC = Path(__file__).resolve().parents[3] / "src" / "ringtrain"
 
-# DESIGN.md's layers, top to bottom: a module may import its own layer, the layers
+# docs/architecture.md's layers, top to bottom: a module may import its own layer, the layers
 # above it, and the leaves; never a layer below it.
 LAYERS = ["launch", "runtime", "collectives", "sync", "optimizer", "data", "observe",
           "checkpoint", "parallel", "elastic", "facades"]
