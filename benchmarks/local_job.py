@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ringtrain import sockets
-from ringtrain.stopping import SpawnedProcess, stop_sequence
+from ringtrain.processes import SpawnedProcess, stop_sequence
 
 __all__ = ["spawn_world"]
 

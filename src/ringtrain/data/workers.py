@@ -64,7 +64,7 @@ from ringtrain.data.protocol import (
 )
 from ringtrain.data.shm import Slot, WorkerSlots, create_shared_fd, slot_size_for
 from ringtrain.errors import DataError, WorkerDiedError, WorkerError
-from ringtrain.stopping import SpawnedProcess, stop_sequence
+from ringtrain.processes import SpawnedProcess, stop_sequence
 
 __all__ = ["WorkerInfo", "get_worker_info", "WorkerPool", "fetch", "load_batch", "prefetch_next",
            "SampleError", "halves", "split_point"]

@@ -62,7 +62,8 @@ from ringtrain import addresses, assignment, sockets  # noqa: E402
 from ringtrain.cpus import cpu_count  # noqa: E402
 from ringtrain.errors import ConfigError  # noqa: E402
 from ringtrain.launch import reaper  # noqa: E402
-from ringtrain.launch.processes import Child, stop_marked  # noqa: E402
+from ringtrain.launch.members import stop_marked  # noqa: E402
+from ringtrain.processes import Child  # noqa: E402
 
 __all__ = ["info", "main", "worker_extras"]
 

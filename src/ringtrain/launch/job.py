@@ -1,7 +1,7 @@
 """Run a job: start every rank, watch them, stop them all on the first failure, restart.
 
 A job is a list of placements (rank -> host) and a command. Local ranks are child
-processes (:class:`~ringtrain.launch.processes.Worker`); each remote host is one ssh
+processes (:class:`~ringtrain.launch.members.Worker`); each remote host is one ssh
 connection to a host agent that runs that host's ranks
 (:class:`~ringtrain.launch.remote.RemoteHost`). Each attempt gets a fresh rendezvous
 (new listening socket, new ``RINGTRAIN_ATTEMPT`` key prefix) so nothing of a dead
@@ -36,8 +36,8 @@ from ringtrain.launch.agent import worker_extras
 from ringtrain.launch.elastic.worlds import ElasticConfig
 from ringtrain.launch.horovod_env import horovod_env
 from ringtrain.launch.hosts import Placement, is_local_host
+from ringtrain.launch.members import Member, Worker, stop_all
 from ringtrain.launch.output import OutputFailure, OutputSink
-from ringtrain.launch.processes import Member, Worker, stop_all
 from ringtrain.launch.remote import HOST_LOST, RemoteHost
 from ringtrain.launch.slurm import srun_argv
 from ringtrain.launch.ssh import AGENT_SCRIPT, SshOptions, agent_command, forwarded_env, ssh_argv

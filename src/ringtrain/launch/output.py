@@ -1,8 +1,9 @@
 """Where the workers' output goes: ringrun's stdout with a ``[rank]`` prefix, or one file
 per rank (``--output-filename DIR``), in bounded pieces, and what happens when it cannot go.
 
-Output is read in pieces of at most :data:`PIECE_BYTES`: a line is passed on as soon as
-it ends or the piece is full, so a worker that prints 200 MB without a newline costs
+Output is read in pieces of at most :data:`ringtrain.processes.PIECE_BYTES`
+(:func:`ringtrain.processes.pieces`): a line is passed on as soon as it ends or the piece
+is full, so a worker that prints 200 MB without a newline costs
 ringrun one piece of memory, not the line (and its copies). On the terminal with the
 prefix each piece of a long line becomes its own prefixed line, so ranks never mix
 inside a line; files and ``--no-prefix`` get the bytes exactly as written.
@@ -20,17 +21,12 @@ import errno
 import os
 import sys
 import threading
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import IO
 
 from ringtrain.errors import ConfigError
 
-__all__ = ["PIECE_BYTES", "OutputFailure", "OutputSink", "check_output_dir", "pieces"]
-
-#: Largest piece of output read, sent or written at once. 64 KiB: what a Linux pipe
-#: holds, so a worker writing a long line is never more than one pipe ahead of us.
-PIECE_BYTES = 64 * 1024
+__all__ = ["OutputFailure", "OutputSink", "check_output_dir"]
 
 #: Exit status for a closed stdout: what a shell reports for a program killed by SIGPIPE
 #: (``yes | head -2`` under ``set -o pipefail`` gives 141).
@@ -43,18 +39,6 @@ class OutputFailure:
 
     message: str
     exit_code: int
-
-
-def pieces(stream: IO[bytes]) -> Iterator[tuple[bytes, bool]]:
-    """Read a pipe as ``(piece, partial)``; ``partial`` when the piece is the start or
-    middle of a line longer than :data:`PIECE_BYTES` (more of that line follows)."""
-    while True:
-        piece = stream.readline(PIECE_BYTES)
-        if not piece:
-            return
-        # A full piece without a newline: the line goes on (at worst it ended exactly at
-        # the boundary and the next read is end of input, which costs nothing).
-        yield piece, len(piece) == PIECE_BYTES and not piece.endswith(b"\n")
 
 
 def check_output_dir(path: str) -> None:

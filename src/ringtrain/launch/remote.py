@@ -17,8 +17,8 @@ import threading
 import time
 from typing import IO, Any
 
-from ringtrain.launch.output import PIECE_BYTES, OutputSink
-from ringtrain.launch.processes import die_with_parent
+from ringtrain.launch.output import OutputSink
+from ringtrain.processes import PIECE_BYTES, die_with_parent
 
 __all__ = ["HOST_LOST", "RemoteHost"]
 

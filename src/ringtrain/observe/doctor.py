@@ -31,7 +31,7 @@ from ringtrain.observe import plot
 from ringtrain.observe.session import DOCTOR_ENV, DOCTOR_STEPS_ENV, DOCTOR_WARMUP_ENV
 from ringtrain.observe.timeline import merge
 from ringtrain.observe.verdict import diagnose, render
-from ringtrain.stopping import PlainProcess, stop_sequence
+from ringtrain.processes import PlainProcess, stop_sequence
 
 __all__ = ["main", "build_parser", "build_command", "load_reports", "EXIT_USAGE", "EXIT_NO_STEPS"]
 

@@ -41,7 +41,7 @@ from ringtrain.errors import ConfigError, LaunchError
 from ringtrain.plan.layers import Layer, from_module
 from ringtrain.plan.network import Link, Topology
 from ringtrain.plan.simulate import FRAMEWORKS, Scenario, simulate
-from ringtrain.stopping import SpawnedProcess, stop_sequence
+from ringtrain.processes import SpawnedProcess, stop_sequence
 
 __all__ = [
     "SweepPoint",

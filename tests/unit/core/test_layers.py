@@ -27,7 +27,7 @@ _LAYER_OF = {
 }
 # Imported by anything: they import no other layer.
 LEAVES = {"errors", "settings", "env", "events", "sockets", "compression", "pipeline_bubble", "signing", "inflight",
-          "cpus", "addresses", "assignment", "sever", "peer_failure", "stopping"}
+          "cpus", "addresses", "assignment", "sever", "peer_failure", "processes"}
 # Not layers: the composition root (sets the hooks) and the tools built on everything.
 TOOLS = {"wiring", "cli", "plan", "__init__"}
 
@@ -130,7 +130,7 @@ _JOB_STARTERS = {"ringtrain.cli", "ringtrain.observe.doctor"}
 def test_no_worker_side_module_imports_the_launcher() -> None:
     """The world, the collectives, the optimizer, sync/, data/, checkpoints, the worker
     side of elastic, the facades: what a worker and ringrun share are leaves
-    (addresses, assignment, sever, sockets, cpus, stopping), never ringtrain.launch."""
+    (addresses, assignment, sever, sockets, cpus, processes), never ringtrain.launch."""
     wrong = [f"{module} imports {dep}" for module, deps in _graph().items()
              if _top(module) not in ("launch", "plan") and module not in _JOB_STARTERS
              for dep in deps if dep == "ringtrain.launch" or dep.startswith("ringtrain.launch.")]

@@ -60,8 +60,8 @@ from ringtrain.launch.job import (
     job_run,
     say,
 )
+from ringtrain.launch.members import Member, stop_all
 from ringtrain.launch.output import OutputSink
-from ringtrain.launch.processes import Member, stop_all
 from ringtrain.launch.remote import HOST_LOST, RemoteHost
 
 __all__ = ["Driver", "Workers", "run_elastic"]

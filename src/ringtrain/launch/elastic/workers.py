@@ -24,8 +24,8 @@ from ringtrain.launch.elastic.worlds import WorkerOnHost, placements
 from ringtrain.launch.horovod_env import horovod_env
 from ringtrain.launch.hosts import Placement
 from ringtrain.launch.job import HostsDown, JobConfig, Stopped, reach_address, worker_env
+from ringtrain.launch.members import Member, Worker
 from ringtrain.launch.output import OutputSink
-from ringtrain.launch.processes import Member, Worker
 from ringtrain.launch.remote import RemoteHost
 from ringtrain.launch.ssh import agent_command, forwarded_env, ssh_argv
 

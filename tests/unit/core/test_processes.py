@@ -1,11 +1,11 @@
-"""ringtrain's one stop sequence (ringtrain.stopping): ask all, wait the grace, kill the rest."""
+"""ringtrain's one stop sequence (ringtrain.processes): ask all, wait the grace, kill the rest."""
 
 from __future__ import annotations
 
 import subprocess
 import time
 
-from ringtrain.stopping import PlainProcess, stop_sequence
+from ringtrain.processes import PlainProcess, stop_sequence
 
 
 class _Fake:
@@ -47,3 +47,34 @@ def test_real_processes_stop_politely_or_are_killed() -> None:
     time.sleep(0.2)  # let the shell install its trap
     stop_sequence([PlainProcess(polite), PlainProcess(stubborn)], grace=0.3)
     assert polite.returncode == -15 and stubborn.returncode == -9
+
+
+def test_a_child_is_stopped_with_its_process_group_and_its_output_is_pumped() -> None:
+    import os
+
+    from ringtrain.processes import Child
+
+    got: list[bytes] = []
+    child = Child(["sh", "-c", "echo started; sleep 30 & wait"], dict(os.environ))
+    child.pump(lambda piece, partial: got.append(piece))
+    deadline = time.monotonic() + 10
+    while not got and time.monotonic() < deadline:
+        time.sleep(0.01)
+    stop_sequence([child], grace=2.0)
+    child.join_output(2.0)
+    assert got == [b"started\n"] and child.poll() is not None
+    assert _group_gone(child.pid, within=5.0), "the sleep in the child's group must be gone too"
+
+
+def _group_gone(pgid: int, within: float) -> bool:
+    """Whether no process of group ``pgid`` is left, a dead one's reaping by init included."""
+    import os
+
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.02)
+    return False

@@ -1,0 +1,107 @@
+"""What a job of ringrun starts and stops: its *members* (standard library only: the
+host agent imports it). Processes are started and stopped with :mod:`ringtrain.processes`.
+
+- :class:`Worker`: one local rank of ringrun, a :class:`~ringtrain.processes.Child`
+  whose output goes to the job's output sink. A Worker and a
+  :class:`~ringtrain.launch.remote.RemoteHost` (every rank of one remote host) are both
+  *members* of a job: they answer ``exits()`` and ``alive()`` and obey
+  ``request_stop()`` / ``force_kill()``, which is all :func:`stop_all` and the job's
+  watch loop need.
+- :func:`stop_marked`: ringtrain's one stop sequence
+  (:func:`ringtrain.processes.stop_sequence`) plus what left the children's process
+  groups: every process of this host that carries the job's mark. What a worker starts
+  outside its group is also ended by the launcher's watchdog
+  (:mod:`ringtrain.launch.reaper`), so a SIGKILLed ringrun leaves no orphans at any depth.
+"""
+
+from __future__ import annotations
+
+import collections
+import signal
+from collections.abc import Sequence
+from typing import Protocol
+
+from ringtrain.launch import reaper
+from ringtrain.launch.output import OutputSink
+from ringtrain.processes import Child, Stoppable, stop_sequence
+
+__all__ = ["Member", "Worker", "stop_all", "stop_marked"]
+
+
+def stop_marked(members: Sequence[Stoppable], grace: float, run_id: str | None = None) -> None:
+    """:func:`ringtrain.processes.stop_sequence`; with ``run_id``, what the children started
+    outside their process groups (a setsid daemon, a shell's grandchildren) is stopped
+    too: SIGTERM once with the rest (never a second one to a group member: its handler
+    may count them), SIGKILL at the end, until no process of this host carries the job's
+    mark (:func:`ringtrain.launch.reaper.end_job`)."""
+    if not run_id:
+        stop_sequence(members, grace)
+        return
+    groups = [m.pid for m in members if isinstance(m, Child)]
+    stop_sequence(members, grace,
+                  after_request=lambda: reaper.signal_job(run_id, signal.SIGTERM, skip_groups=groups),
+                  after_kill=lambda: reaper.end_job(run_id))
+
+
+class Member(Stoppable, Protocol):
+    """Something the job starts and stops: one local rank, or all ranks of a remote host."""
+
+    ranks: tuple[int, ...]
+
+    def exits(self) -> dict[int, int]: ...
+    def where(self, rank: int) -> str: ...
+    def finish_output(self, timeout: float = 2.0) -> None: ...
+
+
+class Worker(Child):
+    """A local rank of ringrun: a :class:`Child` whose output goes to the job's sink."""
+
+    def __init__(
+        self,
+        rank: int,
+        argv: Sequence[str],
+        env: dict[str, str],
+        sink: OutputSink,
+        attempt: int = 0,
+        pass_fds: Sequence[int] = (),
+        cwd: str | None = None,
+        host: str = "localhost",
+    ) -> None:
+        self.rank = rank
+        self.ranks: tuple[int, ...] = (rank,)
+        self.host = host
+        self._sink = sink
+        self._file = sink.open_for(rank, attempt)
+        self.tail: collections.deque[bytes] = collections.deque(maxlen=5)
+        super().__init__(argv, env, cwd, pass_fds)
+        self.pump(self._write)
+
+    def _write(self, piece: bytes, partial: bool) -> None:
+        # The sink never raises (see OutputSink.write): the pump keeps draining.
+        self.tail.append(piece)
+        self._sink.write(self.rank, piece, self._file, partial)
+
+    def exits(self) -> dict[int, int]:
+        code = self.proc.poll()
+        return {} if code is None else {self.rank: code}
+
+    def where(self, rank: int) -> str:
+        return f"pid {self.proc.pid} on {self.host}"
+
+    def finish_output(self, timeout: float = 2.0) -> None:
+        self.join_output(timeout)
+        self._sink.close(self._file)
+        self._file = None
+
+
+def stop_all(members: Sequence[Member], grace: float = 3.0, run_id: str | None = None) -> None:
+    """:func:`stop_marked` for the members of a job, then their output drained.
+
+    Remote hosts get end-of-input; their agent stops its workers within its own grace
+    (1.5 s) and exits, so ``grace`` must exceed it for a clean remote stop. With
+    ``run_id``, what the local ranks started outside their process groups is stopped
+    before the output is drained: such a process may hold a worker's pipe open.
+    """
+    stop_marked(members, grace, run_id)
+    for m in members:
+        m.finish_output()

@@ -1,0 +1,193 @@
+"""How ringtrain runs and stops the processes it starts: one module for ringrun's workers,
+its host agent's, the loader's worker processes, the planner's calibration ranks and the
+doctor's job. A leaf of the standard library only: the host agent imports it without
+torch, and worker-side code (the loader) uses it without the launcher.
+
+- :class:`Child`: a process in a session (process group) of its own, so stopping it
+  also stops what it started (data-loader workers, shells); killed by the kernel when
+  its parent dies (``PR_SET_PDEATHSIG``, :func:`die_with_parent`); its output (stdout
+  and stderr together) read by a pump thread in bounded pieces (:func:`pieces`).
+- :func:`stop_sequence`: the one way to stop processes: ask every member at once, wait
+  until none is alive or the grace period is over, kill what is left and reap it. A
+  member is anything :class:`Stoppable`: a :class:`Child`, a remote host's agent
+  connection (``ringtrain.launch.remote``), or, through :class:`SpawnedProcess` /
+  :class:`PlainProcess`, a ``multiprocessing.Process`` or a ``subprocess.Popen``.
+  ringrun adds the job's stray processes (``ringtrain.launch.members.stop_marked``).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import IO, Any, Protocol
+
+__all__ = ["PIECE_BYTES", "Child", "PlainProcess", "SpawnedProcess", "Stoppable", "die_with_parent",
+           "pieces", "stop_sequence"]
+
+#: Seconds a killed process has to be reaped.
+REAP_S = 2.0
+_PR_SET_PDEATHSIG = 1
+
+#: Largest piece of output read, sent or written at once. 64 KiB: what a Linux pipe
+#: holds, so a worker writing a long line is never more than one pipe ahead of us.
+PIECE_BYTES = 64 * 1024
+
+
+class Stoppable(Protocol):
+    """What :func:`stop_sequence` needs of a process (or of a remote host's processes)."""
+
+    def alive(self) -> bool: ...
+    def request_stop(self) -> None: ...
+    def force_kill(self) -> None: ...
+
+
+def pieces(stream: IO[bytes]) -> Iterator[tuple[bytes, bool]]:
+    """Read a pipe as ``(piece, partial)``; ``partial`` when the piece is the start or
+    middle of a line longer than :data:`PIECE_BYTES` (more of that line follows)."""
+    while True:
+        piece = stream.readline(PIECE_BYTES)
+        if not piece:
+            return
+        # A full piece without a newline: the line goes on (at worst it ended exactly at
+        # the boundary and the next read is end of input, which costs nothing).
+        yield piece, len(piece) == PIECE_BYTES and not piece.endswith(b"\n")
+
+
+def die_with_parent() -> None:
+    """Runs in a child between fork and exec: SIGKILL us when the launcher goes away."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except Exception:  # noqa: BLE001 - best effort on non-Linux systems
+        pass
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+class Child:
+    """A started process in its own session whose output a pump thread reads (see the
+    module docstring). Raises OSError when the command cannot be started."""
+
+    def __init__(self, argv: Sequence[str], env: dict[str, str], cwd: str | None = None,
+                 pass_fds: Sequence[int] = ()) -> None:
+        self.proc = subprocess.Popen(
+            list(argv), env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT, start_new_session=True, pass_fds=tuple(pass_fds),
+            preexec_fn=die_with_parent,
+        )
+        self._pump: threading.Thread | None = None
+
+    @property
+    def pid(self) -> int:
+        """The process's id, which is also its process group's (it leads its session)."""
+        return self.proc.pid
+
+    def pump(self, on_piece: Callable[[bytes, bool], None]) -> None:
+        """Hand every piece of output to ``on_piece(piece, partial)`` on a thread of its own.
+
+        ``on_piece`` must never raise: the thread has to keep draining the pipe whatever
+        happens to the output, or the process blocks writing."""
+        def copy() -> None:
+            assert self.proc.stdout is not None
+            for piece, partial in pieces(self.proc.stdout):
+                on_piece(piece, partial)
+            self.proc.stdout.close()
+
+        self._pump = threading.Thread(target=copy, daemon=True)
+        self._pump.start()
+
+    def join_output(self, timeout: float) -> None:
+        """Wait (bounded) until the output is drained: its last lines come before its exit."""
+        if self._pump is not None:
+            self._pump.join(timeout)
+
+    def poll(self) -> int | None:
+        return self.proc.poll()
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def request_stop(self) -> None:
+        # The whole group, even when the leader has exited: what it started may still run.
+        _signal_group(self.proc.pid, signal.SIGTERM)
+
+    def force_kill(self) -> None:
+        # Kill the group even if the leader exited: its children may still be running.
+        _signal_group(self.proc.pid, signal.SIGKILL)
+        try:
+            self.proc.wait(REAP_S)
+        except subprocess.TimeoutExpired:
+            pass
+
+
+def stop_sequence(members: Sequence[Stoppable], grace: float,
+                  after_request: Callable[[], object] | None = None,
+                  after_kill: Callable[[], object] | None = None) -> None:
+    """Ask every member to stop, SIGKILL what is left after ``grace`` seconds.
+
+    ``after_request`` runs once every member was asked (the launcher signals what left
+    the members' process groups there); ``after_kill`` once every member was killed.
+    """
+    for m in members:
+        m.request_stop()
+    if after_request is not None:
+        after_request()
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline and any(m.alive() for m in members):
+        time.sleep(0.02)
+    for m in members:
+        m.force_kill()
+    if after_kill is not None:
+        after_kill()
+
+
+class SpawnedProcess:
+    """A ``multiprocessing.Process`` as a member: SIGTERM, then SIGKILL and join."""
+
+    def __init__(self, proc: Any) -> None:
+        self.proc = proc
+
+    def alive(self) -> bool:
+        return bool(self.proc.is_alive())
+
+    def request_stop(self) -> None:
+        if self.proc.is_alive():
+            self.proc.terminate()
+
+    def force_kill(self) -> None:
+        if self.proc.is_alive():
+            self.proc.kill()
+        if self.proc.pid is not None:  # started: reap it (bounded, it was killed)
+            self.proc.join(REAP_S)
+
+
+class PlainProcess:
+    """A ``subprocess.Popen`` in its parent's process group: SIGTERM, then SIGKILL."""
+
+    def __init__(self, proc: subprocess.Popen[Any]) -> None:
+        self.proc = proc
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def request_stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+
+    def force_kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        try:
+            self.proc.wait(REAP_S)
+        except subprocess.TimeoutExpired:
+            pass
