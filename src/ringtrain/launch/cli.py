@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ringtrain import addresses
+from ringtrain.argparsing import OneLineParser
 from ringtrain.errors import ConfigError, RingtrainError
 from ringtrain.launch import slurm
 from ringtrain.launch.elastic.worlds import ElasticConfig
@@ -35,14 +36,8 @@ from ringtrain.settings import flag_specs, settings_env
 __all__ = ["build_config", "build_parser", "main"]
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # type: ignore[override]
-        # One line instead of argparse's usage block; main prints it.
-        raise ConfigError(f"{message} (see 'ringrun --help')")
-
-
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(
+    p = OneLineParser(
         prog="ringrun",
         description="Start N copies of a training script with the ringtrain environment.",
         epilog="Example: ringrun -np 2 python examples/mnist_cnn.py",

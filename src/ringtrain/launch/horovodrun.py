@@ -42,6 +42,7 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from ringtrain.argparsing import OneLineParser
 from ringtrain.errors import ConfigError, RingtrainError
 from ringtrain.launch import cli
 from ringtrain.launch.start import run_job
@@ -84,11 +85,6 @@ _NO_EFFECT: list[tuple[tuple[str, ...], int]] = [
 DEFAULT_RESET_LIMIT = 3
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # type: ignore[override]
-        raise ConfigError(f"{message} (see 'horovodrun --help')")
-
-
 def _version() -> str:
     try:
         from importlib.metadata import version
@@ -99,7 +95,7 @@ def _version() -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="horovodrun", description="Horovod's launcher command line, run by "
+    p = OneLineParser(prog="horovodrun", description="Horovod's launcher command line, run by "
                 "ringtrain's ringrun on torch.distributed.",
                 epilog="Example: horovodrun -np 2 python train.py")
     p.add_argument("-v", "--version", action="store_true", help="print the version and exit")

@@ -27,6 +27,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ringtrain.argparsing import OneLineParser
 from ringtrain.observe import plot
 from ringtrain.observe.session import DOCTOR_ENV, DOCTOR_STEPS_ENV, DOCTOR_WARMUP_ENV
 from ringtrain.observe.timeline import merge
@@ -47,13 +48,9 @@ class _UsageError(Exception):
     pass
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # type: ignore[override]
-        raise _UsageError(f"{message} (see 'ringtrain doctor --help')")
-
-
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(
+    p = OneLineParser(
+        error=_UsageError,
         prog="ringtrain doctor",
         description="Run a training script, meter its steps on every rank and say what "
                     "limits it: input, gradient exchange or compute.",

@@ -27,8 +27,9 @@ import re
 import sys
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
+from ringtrain.argparsing import OneLineParser
 from ringtrain.errors import ConfigError, RingtrainError
 from ringtrain.plan.cost import STRATEGIES, check_strategy
 from ringtrain.plan.layers import DEFAULT_CUSTOM_LAYERS, Layer, from_module, from_param_count
@@ -54,13 +55,6 @@ from ringtrain.plan.simulate import (
 __all__ = ["main", "parse_gpus", "parse_count", "parse_layout", "build_parser", "build_scenario"]
 
 _DEFAULT_GPUS = "1,2,4,8,16,...,512"
-
-
-class _Parser(argparse.ArgumentParser):
-    """argparse, but a bad flag is a ConfigError (one line) instead of usage + exit."""
-
-    def error(self, message: str) -> NoReturn:
-        raise ConfigError(f"{message}; see 'ringtrain plan --help'")
 
 
 def parse_gpus(text: str) -> list[int]:
@@ -122,7 +116,7 @@ def parse_count(text: str) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(
+    p = OneLineParser(
         prog="ringtrain plan",
         description="Predict data-parallel throughput, scaling efficiency and step breakdown.",
         epilog=f"networks: {', '.join(LINKS)} (or a number of Gbit/s); intra-host: {', '.join(INTRA_LINKS)}",

@@ -27,7 +27,7 @@ _LAYER_OF = {
 }
 # Imported by anything: they import no other layer.
 LEAVES = {"errors", "settings", "env", "events", "sockets", "compression", "pipeline_bubble", "signing", "inflight",
-          "cpus", "addresses", "assignment", "sever", "peer_failure", "processes"}
+          "argparsing", "cpus", "addresses", "assignment", "sever", "peer_failure", "processes"}
 # Not layers: the composition root (sets the hooks) and the tools built on everything.
 TOOLS = {"wiring", "cli", "plan", "__init__"}
 
