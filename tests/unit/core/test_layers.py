@@ -137,6 +137,23 @@ def test_no_worker_side_module_imports_the_launcher() -> None:
     assert wrong == []
 
 
+def test_the_world_is_held_by_one_object() -> None:
+    """runtime/ keeps the process's world in Membership, not in module globals."""
+    for path in (SRC / "runtime").glob("*.py"):
+        globals_ = [n.lineno for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.Global)]
+        assert globals_ == [], f"{path.name}: 'global' statements at lines {globals_}"
+
+
+def test_no_two_classes_share_a_name() -> None:
+    """A name says which class it is (there were two Host, two Slot, two Handle)."""
+    where: dict[str, list[str]] = {}
+    for path in SRC.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef):
+                where.setdefault(node.name, []).append(_module_name(path))
+    assert {name: mods for name, mods in where.items() if len(mods) > 1} == {}
+
+
 def _script_graph(folders: list[Path]) -> dict[Path, set[Path]]:
     """Imports between the scripts of ``folders`` (benchmarks, tests, examples): by file
     name within a folder, by dotted path below tests/."""
