@@ -12,12 +12,13 @@ from typing import Any
 import pytest
 
 from ringtrain import assignment
+from ringtrain.errors import LaunchError
 from ringtrain.launch.elastic.driver import Driver
 from ringtrain.launch.elastic.states import TRANSITIONS, Event, IllegalTransition, JobState, next_state
 from ringtrain.launch.elastic.workers import JobHost, WorkerProc
 from ringtrain.launch.elastic.worlds import ElasticConfig, WorkerOnHost
 from ringtrain.launch.hosts import Host
-from ringtrain.launch.job import JobConfig, Stopped
+from ringtrain.launch.job import HostsDown, JobConfig, Stopped
 from ringtrain.launch.output import OutputFailure, OutputSink
 from ringtrain.launch.remote import HOST_LOST
 
@@ -128,6 +129,8 @@ class _Workers:
         self.hosts: dict[str, JobHost] = {}
         self.launched: list[dict[str, Any]] = []
         self.made: dict[str, _Remote] = {}
+        self.rank0_reachable = True
+        self.refuse: Exception | None = None  # what the next launch raises
 
     def members(self) -> list[Any]:
         return [p.local for p in self.procs.values() if p.local is not None] + list(self.remotes().values())
@@ -146,6 +149,8 @@ class _Workers:
 
     def launch(self, order: list[WorkerOnHost], new: list[WorkerOnHost], lost: list[str], reason: str,
                version: int) -> None:
+        if self.refuse is not None:
+            raise self.refuse
         for s in new:
             host = self.hosts[s.host]
             host.workers.append(s.worker)
@@ -157,7 +162,7 @@ class _Workers:
                               "new": [s.worker for s in new], "lost": lost, "reason": reason})
 
     def can_be_rank0(self, slot: WorkerOnHost, multi_host: bool) -> bool:
-        return True
+        return self.rank0_reachable or not multi_host
 
 
 class _Discovery:
@@ -448,3 +453,30 @@ def test_a_host_that_answers_while_the_job_ends_is_not_used(tmp_path: Path) -> N
     job.exit(0, 0)
     assert job.step() is S.FINISHING
     assert not job.driver.connecting and remote.stopped and len(job.workers.launched) == 1
+
+
+def test_a_host_whose_world_could_not_start_is_dropped(tmp_path: Path) -> None:
+    """The new host's agent cannot reserve ports, or no survivor's rendezvous is
+    reachable from it: the job stays as it was and the host is not tried again."""
+    for why, refuse, reachable in [("could not reserve", HostsDown("host nodeb could not reserve"), True),
+                                   ("on loopback", None, False)]:
+        job = _running(tmp_path / why)
+        job.workers.refuse, job.workers.rank0_reachable = refuse, reachable
+        job.discovery.list([Host("127.0.0.1", 2), Host("nodeb", 1)])
+        job.step()
+        assert job.step() is S.RUNNING and job.driver.version == 0, why
+        assert "nodeb" not in job.workers.hosts and job.driver.blacklist.blocked("nodeb")
+        assert job.workers.made["nodeb"].stopped
+
+
+def test_no_survivor_able_to_host_the_rendezvous_is_an_error(tmp_path: Path) -> None:
+    job = _running(tmp_path)
+    job.discovery.list([Host("127.0.0.1", 2), Host("nodeb", 2)])
+    job.step()
+    job.step()
+    job.join_all()
+    assert job.step() is S.RUNNING and job.driver.version == 1
+    job.workers.rank0_reachable = False
+    job.exit(1, -9)
+    with pytest.raises(LaunchError, match="no surviving worker can host the rendezvous"):
+        job.step()

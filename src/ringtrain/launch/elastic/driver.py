@@ -83,10 +83,6 @@ class Workers(Protocol):
     def can_be_rank0(self, slot: WorkerOnHost, multi_host: bool) -> bool: ...
 
 
-class _NoRank0(Exception):
-    """No survivor's rendezvous can be reached from every host of the next world."""
-
-
 class Driver:
     """The state machine of one resizable job (see the module docstring)."""
 
@@ -323,31 +319,30 @@ class Driver:
                        if self.hosts[h].remote is not None and not addresses.is_loopback(a)})
         for h in lost_hosts:
             self._forget(h)
-        try:
-            self._change(survivors, [], lost, f"lost worker(s) {', '.join(map(str, dead))}", Event.LOST)
-        except _NoRank0:
+        if not self._change(survivors, [], lost, f"lost worker(s) {', '.join(map(str, dead))}", Event.LOST):
             raise LaunchError("no surviving worker can host the rendezvous of a multi-host world "
-                              "(its port is on loopback); pass --network-interface") from None
+                              "(its port is on loopback); pass --network-interface")
 
     def _change(self, survivors: list[int], new: list[WorkerOnHost], lost: list[str], reason: str,
-                event: Event) -> None:
+                event: Event) -> bool:
         """Announce the next world (``event``: LOST or GROWN), or end the job when it may not
-        change any more (TOO_FEW, LIMIT)."""
+        change any more (TOO_FEW, LIMIT). False, and nothing changes, when no survivor's
+        rendezvous can be reached from every host of the next world."""
         if len(survivors) < self.ecfg.min_np:
             say(f"elastic: {len(survivors)} rank(s) left, fewer than --min-np {self.ecfg.min_np}; "
                 "stopping the job")
             self._on(Event.TOO_FEW, exit_status(next((self.procs[w].code for w in self.procs
                                                       if self.procs[w].code not in (None, 0)), 1) or 1))
-            return
+            return True
         if self.ecfg.reset_limit is not None and self.resets >= self.ecfg.reset_limit:
             say(f"elastic: the job changed size {self.resets} time(s), --reset-limit "
                 f"{self.ecfg.reset_limit}; stopping the job")
             self._on(Event.LIMIT, 1)
-            return
+            return True
         order = next_world([WorkerOnHost(w, self.procs[w].host) for w in survivors], new,
                            self.workers.can_be_rank0)
         if order is None:
-            raise _NoRank0()
+            return False
         self.version += 1
         try:
             self._launch(order, new, lost, reason)
@@ -360,6 +355,7 @@ class Driver:
         self._on(event)
         verb = "growing" if new else "re-forming"
         say(f"elastic: {verb} to {len(order)} rank(s) on {self._where(order)} as world {self.version}")
+        return True
 
     def _cancel(self, workers: list[int]) -> None:
         self.cancelled.update(workers)
@@ -433,10 +429,11 @@ class Driver:
         new = [WorkerOnHost(w, name) for w in ids]
         say(f"elastic: host {name} added ({len(ids)} slot(s)); the job grows at its next commit")
         try:
-            self._change(list(self.world), new, [], f"host {name} added", Event.GROWN)
-        except (HostsDown, _NoRank0) as exc:
-            why = str(exc) if isinstance(exc, HostsDown) else (
+            why = None if self._change(list(self.world), new, [], f"host {name} added", Event.GROWN) else (
                 "rank 0's rendezvous is on loopback, which it cannot reach; pass --network-interface")
+        except HostsDown as exc:  # its agent could not reserve the workers' ports
+            why = str(exc)
+        if why is not None:
             say(f"elastic: warning: host {name}: {why}; not using it")
             self.hosts.pop(name, None)
             self.blacklist.add(name, time.monotonic())
