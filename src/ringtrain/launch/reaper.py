@@ -30,6 +30,13 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
+if not __package__:
+    # Run as the watchdog script: import this tree's ringtrain as a package (its own
+    # folder, first on the path, goes: its modules would shadow ringtrain's names).
+    sys.path[0] = str(Path(__file__).resolve().parents[2])
+
+from ringtrain.processes import stop_sequence  # noqa: E402 - standard library only, as this module
+
 __all__ = ["MARK", "Watchdog", "end_job", "marked_processes", "signal_job"]
 
 #: The environment variable whose value names the job (set by ringrun for every rank).
@@ -111,29 +118,50 @@ def _group_alive(pgid: int) -> bool:
         return True
 
 
+class _JobRemains:
+    """Every process of the job on this host: the ranks' process groups and whatever
+    carries the job's mark, rescanned on each look (a process may fork meanwhile)."""
+
+    def __init__(self, run_id: str | None, pgids: Iterable[int], deadline_s: float) -> None:
+        self.run_id, self.groups, self.deadline_s = run_id, list(pgids), deadline_s
+        self.left: list[int] = []
+
+    def _marked(self) -> list[int]:
+        return marked_processes(self.run_id) if self.run_id else []
+
+    def alive(self) -> bool:
+        return bool(self._marked()) or any(_group_alive(g) for g in self.groups)
+
+    def request_stop(self) -> None:
+        _signal(self.groups, self._marked(), signal.SIGTERM)
+
+    def force_kill(self) -> None:
+        until = time.monotonic() + self.deadline_s
+        marked = self._marked()
+        if not marked and not any(_group_alive(g) for g in self.groups):
+            return  # all gone within the grace: nothing to kill
+        while True:
+            _signal(self.groups, marked, signal.SIGKILL)
+            time.sleep(0.02)
+            # Rescan: a process may have forked between our scan and its SIGKILL.
+            marked = self._marked()
+            if not marked or time.monotonic() > until:
+                self.left = marked
+                return
+
+
 def end_job(run_id: str | None, pgids: Iterable[int] = (), grace: float = 0.0,
             deadline_s: float = 3.0) -> list[int]:
     """SIGTERM the process groups and the marked processes, SIGKILL what is left after
-    ``grace`` seconds, until nothing is left or ``deadline_s`` passes; returns the pids
-    still found (normally none)."""
-    groups = list(pgids)
-    marked = marked_processes(run_id) if run_id else []
+    ``grace`` seconds (:func:`ringtrain.processes.stop_sequence`; none: SIGKILL at once),
+    until nothing is left or ``deadline_s`` passes; returns the pids still found
+    (normally none)."""
+    remains = _JobRemains(run_id, pgids, deadline_s)
     if grace > 0:
-        _signal(groups, marked, signal.SIGTERM)
-        until = time.monotonic() + grace
-        while time.monotonic() < until:
-            marked = marked_processes(run_id) if run_id else []
-            if not marked and not any(_group_alive(g) for g in groups):
-                return []
-            time.sleep(0.05)
-    until = time.monotonic() + deadline_s
-    while True:
-        _signal(groups, marked, signal.SIGKILL)
-        time.sleep(0.02)
-        # Rescan: a process may have forked between our scan and its SIGKILL.
-        marked = marked_processes(run_id) if run_id else []
-        if not marked or time.monotonic() > until:
-            return marked
+        stop_sequence([remains], grace)
+    else:
+        remains.force_kill()
+    return remains.left
 
 
 class Watchdog:
