@@ -30,7 +30,7 @@ import torch
 
 from ringtrain import checkpoint, collectives, replicate, runtime
 from ringtrain.elastic.resize import follow_world, resizable
-from ringtrain.elastic.state import ElasticState, Stateful
+from ringtrain.elastic.state import ElasticState, Stateful, copy_states, load_states
 from ringtrain.errors import ConfigError
 
 __all__ = ["Resumable", "attempt"]
@@ -156,28 +156,21 @@ class Resumable(ElasticState):
 
     # -- resizing in place (see ringtrain.elastic.resize) ------------------------------------
 
+    def _parts(self) -> dict[str, Stateful | None]:
+        return {"model": self.model, "optimizer": self.optimizer, "loader": self.loader}
+
     def commit(self, step: int) -> None:
         """Remember the state after ``step`` steps in memory (no collective, no disk);
         :meth:`restore` goes back to it."""
         self.step = step
-        self._commit = copy.deepcopy({
-            "step": step,
-            "model": self.model.state_dict(),
-            "optimizer": self.optimizer.state_dict() if self.optimizer is not None else None,
-            "loader": self.loader.state_dict() if self.loader is not None else None,
-            "extra": self.extra,
-        })
+        self._commit = {"step": step, "extra": copy.deepcopy(self.extra), **copy_states(self._parts())}
 
     def restore(self) -> None:
         """Go back to the last :meth:`commit` (after a peer failed mid-step)."""
         if self._commit is None:
             return
         snap = copy.deepcopy(self._commit)
-        self.model.load_state_dict(snap["model"])
-        if self.optimizer is not None and snap["optimizer"] is not None:
-            self.optimizer.load_state_dict(snap["optimizer"])
-        if self.loader is not None and snap["loader"] is not None:
-            self.loader.load_state_dict(snap["loader"])
+        load_states(self._parts(), snap)
         self.extra = snap["extra"]
         self.step = int(snap["step"])
 

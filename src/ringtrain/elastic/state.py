@@ -5,15 +5,17 @@ the job changed size, e.g. to scale the learning rate) and the two operations th
 loop (:func:`ringtrain.elastic.resize.drive`) calls on a state, ``restore()`` (back to the
 last commit after a peer failed mid-step) and ``sync()`` (take rank 0's state, after the
 job changed size). :class:`~ringtrain.elastic.resume.Resumable` and Horovod's states
-(:mod:`ringtrain.horovod.elastic.state`) are its subclasses.
+(:mod:`ringtrain.horovod.elastic.state`) are its subclasses, and keep their in-memory
+commits with the same two functions, :func:`copy_states` and :func:`load_states`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import copy
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
-__all__ = ["ElasticState", "HostsUpdated", "Stateful"]
+__all__ = ["ElasticState", "HostsUpdated", "Stateful", "copy_states", "load_states"]
 
 
 class Stateful(Protocol):
@@ -54,3 +56,18 @@ class ElasticState:
     def sync(self) -> None:
         """Every rank takes rank 0's state (collective; after the job changed size)."""
         raise NotImplementedError
+
+
+def copy_states(parts: Mapping[str, Stateful | None]) -> dict[str, Any]:
+    """What a commit keeps in memory: a deep copy of each part's ``state_dict()`` (None for
+    a part that is None), so training on does not change it."""
+    return {name: copy.deepcopy(part.state_dict()) if part is not None else None
+            for name, part in parts.items()}
+
+
+def load_states(parts: Mapping[str, Stateful | None], states: Mapping[str, Any]) -> None:
+    """Give each part its state from ``states`` (a commit); a part or a state that is None
+    is left as it is."""
+    for name, part in parts.items():
+        if part is not None and states.get(name) is not None:
+            part.load_state_dict(states[name])

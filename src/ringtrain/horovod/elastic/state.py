@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from ringtrain import checkpoint, elastic, runtime
-from ringtrain.elastic import ElasticState
+from ringtrain.elastic.state import ElasticState, copy_states, load_states
 from ringtrain.horovod.elastic.sampler import ElasticSampler
 
 __all__ = ["HostsUpdatedInterrupt", "ObjectState", "State", "TorchState", "persist_path"]
@@ -174,21 +174,15 @@ class TorchState(ObjectState):
 
     def save(self) -> None:
         super().save()
-        self._saved_torch = {
-            "model": copy.deepcopy(self.model.state_dict()) if self.model is not None else None,
-            "optimizer": copy.deepcopy(self.optimizer.state_dict()) if self.optimizer is not None else None,
-            "samplers": {k: s.state_dict() for k, s in self._samplers.items()},
-        }
+        self._saved_torch = {**copy_states({"model": self.model, "optimizer": self.optimizer}),
+                             "samplers": {k: s.state_dict() for k, s in self._samplers.items()}}
 
     def restore(self) -> None:
         super().restore()
         self._apply(self._saved_torch)
 
     def _apply(self, saved: dict[str, Any]) -> None:
-        if self.model is not None and saved.get("model") is not None:
-            self.model.load_state_dict(saved["model"])
-        if self.optimizer is not None and saved.get("optimizer") is not None:
-            self.optimizer.load_state_dict(saved["optimizer"])
+        load_states({"model": self.model, "optimizer": self.optimizer}, saved)
         for k, st in saved.get("samplers", {}).items():
             if k in self._samplers:
                 self._samplers[k].load_state_dict(st)
