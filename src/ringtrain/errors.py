@@ -124,7 +124,11 @@ def first_line(exc: BaseException, limit: int | None = 200) -> str:
     at most ``limit`` characters: torch's errors go on with C++ frames and hints."""
     lines = str(exc).strip().splitlines()
     line = lines[0].strip() if lines else type(exc).__name__
-    return line if limit is None else line[:limit]
+    if limit is None or len(line) <= limit:
+        return line
+    # cut at a word, and say so: a word cut in half reads as a different word
+    cut = line[:limit - 3].rsplit(" ", 1)[0].rstrip(" ,;:")
+    return cut + "..."
 
 
 def rank_list(ranks: Iterable[int]) -> str:

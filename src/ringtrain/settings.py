@@ -21,10 +21,12 @@ from typing import Any
 
 from ringtrain.errors import ConfigError
 
-__all__ = ["BACKENDS", "FlagSpec", "Settings", "env_name", "flag_specs", "load_settings",
+__all__ = ["BACKENDS", "LOG_LEVELS", "FlagSpec", "Settings", "env_name", "flag_specs", "load_settings",
            "settings_env"]
 
 BACKENDS = ("auto", "gloo", "nccl")
+#: Levels of ringtrain's log lines (the ``logging`` module's names, lower case).
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 
 
 def _setting(default: Any, help: str, choices: tuple[str, ...] | None = None) -> Any:
@@ -52,12 +54,21 @@ class Settings:
     #: Meter the training step (step meter, timeline, progress, doctor). Off: the event
     #: bus has no listener at all and publishing costs one list check.
     observe: bool = _setting(True, "step metering (timeline, progress and the doctor need it)")
+    #: The least severe of ringtrain's log lines a rank prints (Horovod's --log-level).
+    log_level: str = _setting("warning", "level of ringtrain's log lines", LOG_LEVELS)
+    #: Start each of ringtrain's log lines with the time (Horovod's log timestamps).
+    log_time: bool = _setting(False, "a timestamp at the start of ringtrain's log lines")
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
             raise ConfigError(
                 f"backend {self.backend!r} is not one of {', '.join(BACKENDS)}; "
                 f"set {env_name('backend')} or pass backend= accordingly"
+            )
+        if self.log_level not in LOG_LEVELS:
+            raise ConfigError(
+                f"log_level {self.log_level!r} is not one of {', '.join(LOG_LEVELS)}; "
+                f"set {env_name('log_level')} or pass --log-level accordingly"
             )
         for name in ("init_timeout", "stall_timeout", "fusion_mb"):
             value = getattr(self, name)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -39,6 +40,17 @@ T = TypeVar("T")
 #: ringrun notices a host that vanished silently through ssh's keep-alive (about 15 s,
 #: see launch/ssh.py) and a partitioned one through the agent's heartbeat (30 s).
 REFORM_WAIT_S = 120.0
+
+
+def reform_wait() -> float:
+    """:data:`REFORM_WAIT_S`, or longer where ringrun waits longer for hosts
+    (``--elastic-timeout``: it sets ``RINGTRAIN_REFORM_WAIT``)."""
+    try:
+        return max(REFORM_WAIT_S, float(os.environ.get("RINGTRAIN_REFORM_WAIT", "0")))
+    except ValueError:
+        return REFORM_WAIT_S
+
+
 #: How often a worker looks at its assignment file.
 POLL_S = 0.1
 
@@ -161,12 +173,20 @@ class _Reformer:
         """Whether ringrun has (or, within ``wait`` seconds, writes) a newer world."""
         return resizable() and _watch().newer(world_version(), wait) is not None
 
-    def reform(self) -> None:
+    def reform(self) -> dict[str, Any]:
+        """Join ringrun's newest world; its assignment (why it changed: ``reason``)."""
         watcher = _watch()
         target = watcher.newer(world_version(), 0.0)
         if target is None:
             raise LaunchError("no newer world from ringrun to move to")
         while True:
+            if target.get("removed"):
+                # The discovery script no longer lists this worker's slot: the others go
+                # on without it from this commit; nothing of its state is lost.
+                log.warning("ringrun removed this worker from the job (%s); it leaves at world %s",
+                            target.get("reason", "its host is no longer listed"), target["version"])
+                self.leave(lambda: None)
+                raise SystemExit(0)
             # Everything of the old world goes: its connections (so nothing of it waits
             # on a peer; ``leave`` says when), then its groups.
             addresses = [str(a) for a in target.get("addresses") or []]
@@ -180,7 +200,7 @@ class _Reformer:
                     target = newer
                     continue
                 self.join()
-                return
+                return target
             except Exception as exc:  # noqa: BLE001 - a newer world may have replaced this one
                 newer = watcher.newer(int(target["version"]), 0.0)
                 if newer is None:  # the reason may be on its way (a peer just died)
@@ -218,17 +238,21 @@ def drive(call: Callable[[], T], state: ElasticState, leave: Callable[[Callable[
             return call()
         except HostsUpdated as exc:
             # Rank 0 saw the new world; this rank's copy may be a moment behind.
-            if not reformer.next_world(REFORM_WAIT_S):
+            if not reformer.next_world(reform_wait()):
                 raise
             skip_sync = exc.skip_sync
         except BaseException as exc:
-            if not is_world_failure(exc) or not reformer.next_world(REFORM_WAIT_S):
+            if not is_world_failure(exc) or not reformer.next_world(reform_wait()):
                 raise
-            log.warning("a peer failed (%s); moving to ringrun's next world",
-                        first_line(exc))
+            log.debug("a peer failed (%s); moving to ringrun's next world", first_line(exc))
             state.restore()
             skip_sync = False
-        reformer.reform()
+        target = reformer.reform()
+        if runtime.rank() == 0:
+            # one line per change, from the new world's rank 0: what happened, the new
+            # size, and that training goes on (ringrun prints its own side)
+            log.warning("%s; world %s has %d rank(s); training goes on from the last commit",
+                        target.get("reason") or "the job changed size", target["version"], runtime.size())
         state.on_reset()
         if not skip_sync:
             state.sync()

@@ -65,9 +65,24 @@ def build_parser() -> argparse.ArgumentParser:
                               "no limit with --host-discovery-script)")
     elastic.add_argument("--reset-limit", type=int, metavar="K",
                          help="end a resizable job after K changes of size (default: no limit)")
+    elastic.add_argument("--elastic-timeout", type=float, default=0.0, metavar="S",
+                         help="when fewer than --min-np ranks are left, wait up to S seconds for "
+                              "hosts before ending the job (default 0: end at once)")
+    elastic.add_argument("--blacklist-cooldown-range", type=float, nargs=2, metavar=("MIN", "MAX"),
+                         help="a failed host comes back after MIN..MAX seconds, doubled at each "
+                              "failure (default: a discovered host after 60 s, a -H host never)")
+    elastic.add_argument("--slots-per-host", type=int, default=1, metavar="N",
+                         help="slots of a host the discovery script prints without ':slots' (default 1)")
+    elastic.add_argument("--like-horovod", action="store_true",
+                         help="Horovod's elastic rules, as horovodrun uses them: every host name is "
+                              "a host (localhost and 127.0.0.1 are two), the first world takes "
+                              "every slot up to --max-np, a failed rank's host leaves with all its "
+                              "ranks (docs/launch.md)")
     p.add_argument("--output-filename", metavar="DIR",
                    help="write each rank's output to DIR/rank.N.log instead of the terminal")
     p.add_argument("--no-prefix", action="store_true", help="do not prefix output lines with [rank]")
+    p.add_argument("--timestamp-output", action="store_true",
+                   help="start each line of the ranks' output with the time it was written")
     p.add_argument("-p", "--ssh-port", type=int, help="ssh port of the remote hosts")
     p.add_argument("-i", "--ssh-identity-file", help="ssh private key for the remote hosts")
     p.add_argument("--ssh-option", action="append", default=[], metavar="KEY=VALUE",
@@ -203,8 +218,12 @@ UNLIMITED_NP = 1_000_000
 def _elastic(args: argparse.Namespace, where: _Where, warnings: list[str]) -> ElasticConfig | None:
     """The resizable job's settings, or None for a fixed-size job."""
     if args.min_np is None and args.max_np is None and not args.host_discovery_script:
-        if args.reset_limit is not None:
-            raise ConfigError("--reset-limit applies to a resizable job; add --min-np and --max-np")
+        for given, flag in [(args.reset_limit is not None, "--reset-limit"),
+                            (args.elastic_timeout, "--elastic-timeout"),
+                            (args.blacklist_cooldown_range, "--blacklist-cooldown-range"),
+                            (args.like_horovod, "--like-horovod")]:
+            if given:
+                raise ConfigError(f"{flag} applies to a resizable job; add --min-np and --max-np")
         return None
     if where.transport == "srun":
         raise ConfigError("a resizable job (--min-np/--max-np) cannot run inside a Slurm "
@@ -229,8 +248,12 @@ def _elastic(args: argparse.Namespace, where: _Where, warnings: list[str]) -> El
     if not script and max_np > slots:
         raise ConfigError(f"--max-np {max_np} is more than the {slots} slots of the hosts listed; "
                           "lower it, or add hosts (or use --host-discovery-script)")
+    cooldown = args.blacklist_cooldown_range
     return ElasticConfig(min_np=min_np, max_np=max_np, hosts=tuple(where.hosts),
-                         discovery_script=script, np=args.np, reset_limit=args.reset_limit)
+                         discovery_script=script, np=args.np, reset_limit=args.reset_limit,
+                         cooldown_range=tuple(cooldown) if cooldown else None,
+                         elastic_timeout=args.elastic_timeout, like_horovod=args.like_horovod,
+                         slots_per_host=args.slots_per_host)
 
 
 def build_config(argv: list[str]) -> JobConfig:
@@ -266,7 +289,8 @@ def build_config(argv: list[str]) -> JobConfig:
     multi_host = any(not local(h) for h in named) or bool(args.host_discovery_script)
     any_local = any(local(h) for h in named)
     interface = _check_interface(args.network_interface, any_local, multi_host, warnings)
-    if sum(local(h.name) for h in hosts) > 1:
+    # (with Horovod's rules two names of this machine are two hosts, both started here)
+    if sum(local(h.name) for h in hosts) > 1 and not (elastic is not None and elastic.like_horovod):
         raise ConfigError("this host is listed more than once (e.g. localhost and 127.0.0.1); "
                           "list it once with its total slots")
     return JobConfig(
@@ -275,6 +299,7 @@ def build_config(argv: list[str]) -> JobConfig:
         max_restarts=args.max_restarts,
         output_dir=args.output_filename,
         prefix_output=not args.no_prefix,
+        timestamp_output=args.timestamp_output,
         extra_env=_exports(args.export),
         master_addr=args.master_addr,
         master_port=args.master_port,

@@ -2,33 +2,28 @@
 
     horovodrun -np 4 python train.py
     horovodrun -np 16 -H server1:4,server2:4,server3:4,server4:4 python train.py
+    horovodrun -np 2 --min-np 2 --max-np 4 --host-discovery-script ./hosts.sh python train.py
+    horovodrun --config-file horovod.yaml -np 4 python train.py
     horovodrun --check-build
 
-Horovod's flags are translated into ringrun's (:func:`translate`, pure) and the job is
-run exactly as ringrun runs it; every rank gets ringtrain's environment and Horovod's
-(``HOROVOD_RANK`` ... ``HOROVOD_HOSTNAME``, see :mod:`ringtrain.launch.horovod_env`).
-Where Horovod's defaults differ from ringrun's, horovodrun keeps Horovod's: without
-``-H`` the job runs on ``localhost:<np>`` (no core count check), and
-``HOROVOD_START_TIMEOUT`` is read when ``--start-timeout`` is not given.
+Every flag of Horovod 0.28.1's horovodrun is accepted; the parser is built from the table
+in :mod:`ringtrain.launch.horovod_flags` (which also gives docs/migrate.md its table):
+*mapped* flags become ringrun's (:func:`translate`, pure), *no-effect* ones (Horovod's own
+engine knobs) print one line saying why, and ``--mpi`` / ``--jsrun`` are refused with the
+alternative. ``--config-file`` (Horovod's YAML) and the ``HOROVOD_*`` variables of the same
+settings fill in what the command line does not give (:mod:`.horovod_config`; the command
+line wins, then the file, then the environment).
 
-Three kinds of Horovod flags:
-- translated: ``-np``, ``-H``, ``--hostfile``, ``-p``, ``-i``, ``--start-timeout``,
-  ``--network-interface(s)`` (one interface), ``--output-filename``, ``--verbose``
-  (prints the ringrun command line), ``--gloo`` (the only controller),
-  ``--fusion-threshold-mb`` (ringtrain's ``fusion_mb``; 0, "no fusion", becomes one
-  byte: every tensor travels alone) and ``--timeline-filename`` (``timeline``), each
-  also as Horovod's own variable (``HOROVOD_FUSION_THRESHOLD`` in bytes,
-  ``HOROVOD_TIMELINE``) as Horovod's launcher sets them,
-  ``--stall-check-shutdown-time-seconds`` (``stall_timeout``: ringtrain's stall check
-  ends the job, as Horovod's shutdown does); a fixed-size elastic job (``--min-np`` =
-  ``--max-np`` = ``-np``) restarts from its last commit up to ``--reset-limit`` times
-  (default 3) through ``--max-restarts``; a resizable one (``--min-np`` < ``--max-np``,
-  or ``--host-discovery-script``) is ringrun's ``--min-np/--max-np`` job, resized in
-  place (``--reset-limit``: ringrun's, the most changes of size);
-- refused, one line and exit 2: what would run a different system (``--mpi``,
-  ``--jsrun``, ``--mpi-args``, ``--binding-args``) and ``--config-file``;
-- accepted with a warning that they have no effect here: Horovod's own tuning knobs
-  (cycle time, cache, hierarchical collectives, autotune, logging, NCCL streams, ...).
+Every rank gets ringtrain's environment and Horovod's (``HOROVOD_RANK`` ...
+``HOROVOD_HOSTNAME``, see :mod:`ringtrain.launch.horovod_env`). Where Horovod's defaults
+differ from ringrun's, horovodrun keeps Horovod's: without ``-H`` the job runs on
+``localhost:<np>``; a resizable job (``--min-np`` < ``--max-np``, ``--min-np`` without
+``--max-np``, or a discovery script) runs with Horovod's elastic rules (ringrun
+``--like-horovod``: every host name is a host, the first world takes every slot up to
+``--max-np``, a failed rank's host is blacklisted with its ranks, ``--elastic-timeout``
+600 s) and Horovod's messages. One exception, kept from ringrun: a fixed-size "elastic"
+job (``--min-np`` = ``--max-np`` = ``-np``) restarts from its last commit up to
+``--reset-limit`` times (default 3), where Horovod would wait for a replacement host.
 """
 
 from __future__ import annotations
@@ -39,50 +34,32 @@ import os
 import shlex
 import subprocess
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from ringtrain.argparsing import OneLineParser
 from ringtrain.errors import ConfigError, RingtrainError
 from ringtrain.launch import cli
+from ringtrain.launch.horovod_config import config_values, env_values, read_config
+from ringtrain.launch.horovod_flags import FLAGS, Flag, by_dest
 from ringtrain.launch.start import run_job
 from ringtrain.settings import flag_specs
 
-__all__ = ["Translation", "build_parser", "check_build_text", "main", "translate"]
-
-#: Horovod's flags that would run another system; refused with the reason.
-_REFUSED = {
-    "use_mpi": ("--mpi", "ringtrain runs on torch.distributed (Gloo/NCCL) with a Gloo-style "
-                "controller; drop --mpi (mpirun can start a ringtrain script itself)"),
-    "use_jsrun": ("--jsrun", "jsrun launches MPI jobs; drop it and use -H or --hostfile"),
-    "mpi_args": ("--mpi-args", "there is no mpirun underneath; pass variables with the "
-                 "environment or use mpirun directly"),
-    "binding_args": ("--binding-args", "process binding is an MPI option; drop it"),
-    "config_file": ("--config-file", "give the settings as flags instead"),
-}
-
-#: Horovod's tuning flags without an equivalent here: (flags, nargs) -> accepted, warned.
-_NO_EFFECT: list[tuple[tuple[str, ...], int]] = [
-    (("--disable-cache",), 0), (("--cycle-time-ms",), 1), (("--cache-capacity",), 1),
-    (("--hierarchical-allreduce",), 0), (("--no-hierarchical-allreduce",), 0),
-    (("--hierarchical-allgather",), 0), (("--no-hierarchical-allgather",), 0),
-    (("--autotune",), 0), (("--no-autotune",), 0), (("--autotune-log-file",), 1),
-    (("--autotune-warmup-samples",), 1), (("--autotune-steps-per-sample",), 1),
-    (("--autotune-bayes-opt-max-samples",), 1), (("--autotune-gaussian-process-noise",), 1),
-    (("--timeline-mark-cycles",), 0), (("--no-timeline-mark-cycles",), 0),
-    (("--no-stall-check",), 0), (("--stall-check",), 0),
-    (("--stall-check-warning-time-seconds",), 1),
-    (("--mpi-threads-disable",), 0), (("--no-mpi-threads-disable",), 0), (("--tcp",), 0),
-    (("--num-nccl-streams",), 1), (("--thread-affinity",), 1), (("--gloo-timeout-seconds",), 1),
-    (("--log-level",), 1), (("--log-with-timestamp",), 0), (("--log-without-timestamp",), 0),
-    (("--log-hide-timestamp",), 0), (("--no-log-hide-timestamp",), 0),
-    (("-prefix-timestamp", "--prefix-output-with-timestamp"), 0),
-    (("--slots-per-host",), 1), (("--elastic-timeout",), 1), (("--blacklist-cooldown-range",), 2),
-]
+__all__ = ["DEFAULT_ELASTIC_TIMEOUT", "DEFAULT_RESET_LIMIT", "Translation", "build_parser",
+           "check_build_text", "main", "translate"]
 
 #: Restarts of a fixed-size elastic job without --reset-limit (Horovod's is unlimited;
 #: a script that fails every time must not loop forever here).
 DEFAULT_RESET_LIMIT = 3
+#: Horovod's --elastic-timeout default (seconds).
+DEFAULT_ELASTIC_TIMEOUT = 600.0
+#: --no-stall-check: ringtrain's stall_timeout must be finite; a year is "never".
+_NO_STALL_TIMEOUT_S = 365 * 24 * 3600
+#: Horovod's log levels -> ringtrain's (the logging module's names).
+_LOG_LEVELS = {"TRACE": "debug", "DEBUG": "debug", "INFO": "info", "WARNING": "warning",
+               "ERROR": "error", "FATAL": "critical"}
+_TYPES: dict[str, Callable[[str], Any]] = {"int": int, "float": float, "str": str, "choice": str.upper, "int int": float}
 
 
 def _version() -> str:
@@ -94,51 +71,33 @@ def _version() -> str:
         return "unknown"
 
 
+def _add(p: argparse.ArgumentParser, flag: Flag) -> None:
+    help_text = ("(no effect here) " if flag.kind == "no-effect" else
+                 "(not supported) " if flag.kind == "refused" else "") + flag.meaning.replace("%", "%%")
+    if flag.value == "flag":
+        p.add_argument(*flag.names, dest=flag.dest, action="store_const", const=True, default=None,
+                       help=help_text)
+        if flag.inverse:
+            p.add_argument(*flag.inverse, dest=flag.dest, action="store_const", const=False, default=None,
+                           help=argparse.SUPPRESS)
+        return
+    kind = _TYPES[flag.value]
+    p.add_argument(*flag.names, dest=flag.dest, type=kind, default=None, help=help_text,
+                   nargs=2 if flag.value == "int int" else None,
+                   choices=flag.choices or None,
+                   metavar=("MIN", "MAX") if flag.value == "int int" else None)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = OneLineParser(prog="horovodrun", description="Horovod's launcher command line, run by "
-                "ringtrain's ringrun on torch.distributed.",
+                "ringtrain's ringrun on torch.distributed (docs/migrate.md has every flag).",
                 epilog="Example: horovodrun -np 2 python train.py")
-    p.add_argument("-v", "--version", action="store_true", help="print the version and exit")
-    p.add_argument("-np", "--num-proc", dest="np", type=int, help="number of processes")
-    p.add_argument("-cb", "--check-build", action="store_true",
-                   help="show which frameworks, controllers and tensor operations this engine has")
-    p.add_argument("--start-timeout", type=float,
-                   help="seconds for every host to start (default $HOROVOD_START_TIMEOUT or 30)")
-    p.add_argument("--network-interface", "--network-interfaces", dest="nics", action="append",
-                   default=[], help="the network interface to use (one)")
-    p.add_argument("--output-filename", metavar="DIR", help="write each rank's output to DIR/rank.N.log")
-    p.add_argument("--verbose", action="store_true", help="print the ringrun command line run")
-    p.add_argument("-p", "--ssh-port", type=int, help="ssh port on all the hosts")
-    p.add_argument("-i", "--ssh-identity-file", help="ssh private key")
-    p.add_argument("--fusion-threshold-mb", type=float, help="fusion buffer size in MB (0: no fusion)")
-    p.add_argument("--timeline-filename", help="write a Chrome trace timeline to this file")
-    p.add_argument("--stall-check-shutdown-time-seconds", type=float,
-                   help="seconds a stalled exchange may wait before the job ends")
-    elastic = p.add_argument_group("elastic (--min-np = --max-np: restarts; otherwise resized in place)")
-    elastic.add_argument("--min-np", "--min-num-proc", dest="min_np", type=int)
-    elastic.add_argument("--max-np", "--max-num-proc", dest="max_np", type=int)
-    elastic.add_argument("--reset-limit", type=int, help="restarts of a fixed-size job (default "
-                         f"{DEFAULT_RESET_LIMIT}); changes of size of a resizable one (default: no limit)")
-    hosts = p.add_mutually_exclusive_group()
-    hosts.add_argument("-H", "--hosts", help="hosts and slots, e.g. host1:2,host2:4")
-    hosts.add_argument("-hostfile", "--hostfile", help="file of 'host slots=N' or 'host:N' lines")
-    hosts.add_argument("--host-discovery-script", help="executable printing 'host:slots' lines "
-                       "(a resizable job)")
-    controller = p.add_mutually_exclusive_group()
-    controller.add_argument("--gloo", action="store_true", help="the Gloo controller (the only one)")
-    controller.add_argument("--mpi", dest="use_mpi", action="store_true", help="(not supported)")
-    controller.add_argument("--jsrun", dest="use_jsrun", action="store_true", help="(not supported)")
-    p.add_argument("--mpi-args", help="(not supported)")
-    p.add_argument("--binding-args", help="(not supported)")
-    p.add_argument("--config-file", help="(not supported)")
-    ignored = p.add_argument_group("Horovod tuning flags accepted without effect here")
-    for names, nargs in _NO_EFFECT:
-        dest = "ignored_" + names[-1].lstrip("-").replace("-", "_")
-        if nargs == 0:
-            ignored.add_argument(*names, dest=dest, action="store_true", help=argparse.SUPPRESS)
-        else:
-            ignored.add_argument(*names, dest=dest, nargs=nargs if nargs > 1 else None,
-                                 help=argparse.SUPPRESS)
+    seen: set[str] = set()
+    for flag in FLAGS:
+        if flag.names[0] in seen:
+            continue
+        seen.update(flag.names)
+        _add(p, flag)
     p.add_argument("command", nargs=argparse.REMAINDER, help="the command to run")
     return p
 
@@ -159,107 +118,170 @@ def _setting_flag(name: str) -> str:
     return next(spec.flag for spec in flag_specs() if spec.field == name)
 
 
-def _resizable(args: argparse.Namespace) -> bool:
+def _resizable(a: dict[str, Any]) -> bool:
     """Whether the job changes size in place (ringrun's --min-np/--max-np)."""
-    if args.host_discovery_script:
+    if a["host_discovery_script"]:
         return True
-    if args.min_np is None and args.max_np is None:
+    sizes = (a["num_proc"], a["min_num_proc"], a["max_num_proc"])
+    if a["min_num_proc"] is None and a["max_num_proc"] is None:
         return False
-    return len({n for n in (args.np, args.min_np, args.max_np) if n is not None}) > 1 \
-        or args.min_np is None or args.max_np is None
+    return len({n for n in sizes if n is not None}) > 1 or a["min_num_proc"] is None \
+        or a["max_num_proc"] is None
 
 
-def _elastic(args: argparse.Namespace) -> int | None:
+def _fixed_elastic(a: dict[str, Any]) -> int | None:
     """The fixed size of an 'elastic' job (min = max = -np), or None otherwise."""
-    if args.min_np is None or args.max_np is None or _resizable(args):
+    if a["min_num_proc"] is None or a["max_num_proc"] is None or _resizable(a):
         return None
-    return int(args.min_np)
+    return int(a["min_num_proc"])
 
 
-def _resize_flags(args: argparse.Namespace) -> list[str]:
-    """ringrun's flags for a resizable job (Horovod's --min-np defaults to -np)."""
-    min_np = args.min_np if args.min_np is not None else args.np
+def _gather(args: argparse.Namespace, environ: Mapping[str, str]) -> tuple[dict[str, Any], dict[str, str],
+                                                                          list[str]]:
+    """Every destination's value (command line, then --config-file, then HOROVOD_*), where
+    each came from, and the config file's warnings."""
+    values = {f.dest: getattr(args, f.dest) for f in FLAGS}
+    source = {d: "" for d, v in values.items() if v is not None}
+    names = {f.dest: f.names[-1] for f in FLAGS}
+    for d in source:
+        source[d] = names[d]
+    warnings: list[str] = []
+    layers = []
+    if values["config_file"]:
+        found, warnings = config_values(read_config(values["config_file"]), values["config_file"])
+        layers.append(found)
+    layers.append(env_values(environ))
+    for layer in layers:
+        for dest, (value, where) in layer.items():
+            if values.get(dest) is None:
+                values[dest], source[dest] = value, where
+    return values, source, warnings
+
+
+def _hosts_flags(a: dict[str, Any], np: int | None) -> list[str]:
+    given = [n for n, d in (("-H", "hosts"), ("--hostfile", "hostfile"),
+                            ("--host-discovery-script", "host_discovery_script")) if a[d]]
+    if len(given) > 1:
+        raise ConfigError(f"{' and '.join(given)} cannot be used together; give one of them")
+    if a["host_discovery_script"]:
+        return ["--host-discovery-script", a["host_discovery_script"]]
+    if a["hosts"]:
+        return ["-H", a["hosts"]]
+    if a["hostfile"]:
+        return ["--hostfile", a["hostfile"]]
+    # Horovod's default: localhost:<np> (a resizable job: room for --max-np)
+    return ["-H", f"localhost:{max(1, a['max_num_proc'] or 0, np or 0, a['min_num_proc'] or 0)}"]
+
+
+def _resize_flags(a: dict[str, Any]) -> list[str]:
+    """ringrun's flags for a resizable job, with Horovod's rules (--min-np defaults to -np)."""
+    min_np = a["min_num_proc"] if a["min_num_proc"] is not None else a["num_proc"]
     if min_np is None:
         raise ConfigError("--min-np is needed for an elastic job (or -np, which it defaults to)")
-    out = ["--min-np", str(min_np)]
-    if args.max_np is not None:
-        out += ["--max-np", str(args.max_np)]
-    if args.reset_limit is not None:
-        out += ["--reset-limit", str(args.reset_limit)]
+    out = ["--like-horovod", "--min-np", str(min_np)]
+    if a["max_num_proc"] is not None:
+        out += ["--max-np", str(a["max_num_proc"])]
+    if a["reset_limit"] is not None:
+        out += ["--reset-limit", str(a["reset_limit"])]
+    timeout = DEFAULT_ELASTIC_TIMEOUT if a["elastic_timeout"] is None else a["elastic_timeout"]
+    out += ["--elastic-timeout", f"{timeout:g}"]
+    if a["cooldown_range"] is not None:
+        out += ["--blacklist-cooldown-range", *(f"{x:g}" for x in a["cooldown_range"])]
+    if a["slots"] is not None:
+        out += ["--slots-per-host", str(a["slots"])]
+    return out
+
+
+def _tuning_flags(a: dict[str, Any]) -> list[str]:
+    """ringrun's flags for Horovod's settings that ringtrain has."""
+    out: list[str] = []
+    if a["fusion_threshold_mb"] is not None:
+        if a["fusion_threshold_mb"] < 0:
+            raise ConfigError(f"--fusion-threshold-mb must be >= 0, got {a['fusion_threshold_mb']:g}")
+        # 0 is Horovod's "no fusion": a one-byte bucket, so every tensor travels alone.
+        mb = a["fusion_threshold_mb"] or 1 / 2**20
+        out += [_setting_flag("fusion_mb"), repr(mb),
+                # and Horovod's own variable, in bytes, as its horovodrun sets it
+                "-x", f"HOROVOD_FUSION_THRESHOLD={int(a['fusion_threshold_mb'] * 2**20)}"]
+    if a["timeline_filename"]:
+        out += [_setting_flag("timeline"), a["timeline_filename"],
+                "-x", f"HOROVOD_TIMELINE={a['timeline_filename']}"]
+    if a["timeline_mark_cycles"]:
+        out += ["-x", "HOROVOD_TIMELINE_MARK_CYCLES=1"]
+    if a["no_stall_check"]:
+        out += [_setting_flag("stall_timeout"), str(_NO_STALL_TIMEOUT_S)]
+    elif a["stall_check_shutdown_time_seconds"]:  # Horovod's 0: never shut down
+        out += [_setting_flag("stall_timeout"), f"{a['stall_check_shutdown_time_seconds']:g}"]
+    if a["gloo_timeout_seconds"] is not None:
+        if a["gloo_timeout_seconds"] <= 0:
+            raise ConfigError(f"--gloo-timeout-seconds must be > 0, got {a['gloo_timeout_seconds']}")
+        out += [_setting_flag("init_timeout"), str(a["gloo_timeout_seconds"])]
+    if a["log_level"] is not None:
+        out += [_setting_flag("log_level"), _LOG_LEVELS[a["log_level"]]]
+    if a["log_with_timestamp"]:
+        out += [_setting_flag("log_time")]
+    if a["prefix_output_with_timestamp"]:
+        out += ["--timestamp-output"]
+    if a["tcp_flag"]:
+        out += ["-x", "NCCL_IB_DISABLE=1"]  # what Horovod's --tcp sets
     return out
 
 
 def translate(argv: list[str], environ: Mapping[str, str] | None = None) -> Translation:
-    """Horovod's command line -> ringrun's (pure apart from reading ``environ``)."""
+    """Horovod's command line -> ringrun's (pure apart from reading ``environ`` and
+    ``--config-file``)."""
     env = os.environ if environ is None else environ
     args = build_parser().parse_args(argv)
     if args.version or args.check_build:
-        return Translation(check_build=args.check_build, version=args.version, verbose=args.verbose)
-    for dest, (flag, why) in _REFUSED.items():
-        if getattr(args, dest):
-            raise ConfigError(f"{flag} is not supported: {why}")
-    fixed = _elastic(args)
-    resizable = _resizable(args)
-    np = args.np if args.np is not None else fixed
+        return Translation(check_build=bool(args.check_build), version=bool(args.version),
+                           verbose=bool(args.verbose))
+    a, source, warnings = _gather(args, env)
+    for flag in FLAGS:
+        if flag.kind == "refused" and a[flag.dest]:
+            raise ConfigError(f"{source[flag.dest]} is not supported: {flag.meaning}")
+    fixed = _fixed_elastic(a)
+    resizable = _resizable(a)
+    np = a["num_proc"] if a["num_proc"] is not None else fixed
     if np is None and not resizable:
         raise ConfigError("-np is required, e.g. 'horovodrun -np 2 python train.py'")
     out = ["-np", str(np)] if np is not None else []
     if resizable:
-        out += _resize_flags(args)
-    if args.host_discovery_script:
-        out += ["--host-discovery-script", args.host_discovery_script]
-    elif args.hosts:
-        out += ["-H", args.hosts]
-    elif args.hostfile:
-        out += ["--hostfile", args.hostfile]
+        out += _resize_flags(a)
     else:
-        # Horovod's default: localhost:<np> (a resizable job: room for --max-np)
-        out += ["-H", f"localhost:{max(1, args.max_np or np or 1)}"]
-    if args.ssh_port is not None:
-        out += ["-p", str(args.ssh_port)]
-    if args.ssh_identity_file:
-        out += ["-i", args.ssh_identity_file]
-    timeout = args.start_timeout
-    if timeout is None and env.get("HOROVOD_START_TIMEOUT", "").strip():
-        try:
-            timeout = float(env["HOROVOD_START_TIMEOUT"])
-        except ValueError:
-            raise ConfigError(f"HOROVOD_START_TIMEOUT={env['HOROVOD_START_TIMEOUT']!r} is not a "
-                              "number of seconds") from None
-    if timeout is not None:
-        out += ["--start-timeout", f"{timeout:g}"]
-    nics = sorted({n.strip() for item in args.nics for n in item.split(",") if n.strip()})
-    if len(nics) > 1:
-        raise ConfigError(f"--network-interface {','.join(nics)}: give one interface; ringrun uses "
-                          "one for the rendezvous and for Gloo/NCCL")
+        for dest in ("elastic_timeout", "cooldown_range", "slots"):
+            if a[dest] is not None:
+                warnings.append(f"{source[dest]} applies to an elastic job (--min-np/--max-np or "
+                                "--host-discovery-script); ignored")
+    out += _hosts_flags(a, np)
+    if a["ssh_port"] is not None:
+        out += ["-p", str(a["ssh_port"])]
+    if a["ssh_identity_file"]:
+        out += ["-i", a["ssh_identity_file"]]
+    if a["start_timeout"] is not None:
+        out += ["--start-timeout", f"{a['start_timeout']:g}"]
+    nics = [n.strip() for n in (a["nics"] or "").split(",") if n.strip()]
     if nics:
+        # ringrun uses one interface for the rendezvous and Gloo/NCCL (Horovod's Gloo
+        # controller also takes only one)
         out += ["--network-interface", nics[0]]
-    if args.output_filename:
-        out += ["--output-filename", args.output_filename]
-    if args.fusion_threshold_mb is not None:
-        if args.fusion_threshold_mb < 0:
-            raise ConfigError(f"--fusion-threshold-mb must be >= 0, got {args.fusion_threshold_mb:g}")
-        # 0 is Horovod's "no fusion": a one-byte bucket, so every tensor travels alone.
-        mb = args.fusion_threshold_mb or 1 / 2**20
-        out += [_setting_flag("fusion_mb"), repr(mb),
-                # and Horovod's own variable, in bytes, as its horovodrun sets it
-                "-x", f"HOROVOD_FUSION_THRESHOLD={int(args.fusion_threshold_mb * 2**20)}"]
-    if args.timeline_filename:
-        out += [_setting_flag("timeline"), args.timeline_filename,
-                "-x", f"HOROVOD_TIMELINE={args.timeline_filename}"]
-    if args.stall_check_shutdown_time_seconds:  # Horovod's 0: never shut down
-        out += [_setting_flag("stall_timeout"), f"{args.stall_check_shutdown_time_seconds:g}"]
+        if len(nics) > 1:
+            warnings.append(f"{source['nics']} {','.join(nics)}: ringtrain uses the first, {nics[0]}")
+    if a["output_filename"]:
+        out += ["--output-filename", a["output_filename"]]
+    out += _tuning_flags(a)
     if fixed is not None:
-        limit = DEFAULT_RESET_LIMIT if args.reset_limit is None else args.reset_limit
+        limit = DEFAULT_RESET_LIMIT if a["reset_limit"] is None else a["reset_limit"]
         out += ["--max-restarts", str(limit)]
-    elif args.reset_limit is not None and not resizable:
-        out += ["--max-restarts", str(args.reset_limit)]
-    warnings = [f"{names[-1]} has no effect with ringtrain (ignored)" for names, _ in _NO_EFFECT
-                if getattr(args, "ignored_" + names[-1].lstrip("-").replace("-", "_")) not in (None, False)]
+    elif a["reset_limit"] is not None and not resizable:
+        out += ["--max-restarts", str(a["reset_limit"])]
+    rows = by_dest()
+    warnings += [f"{source[dest]} has no effect with ringtrain: {rows[dest].meaning}"
+                 for dest in sorted(rows, key=lambda d: [f.dest for f in FLAGS].index(d))
+                 if rows[dest].kind == "no-effect" and a[dest] is not None]
     command = list(args.command)
     if command and command[0] == "--":
         command = command[1:]
-    return Translation(out + ["--", *command] if command else out, warnings, verbose=args.verbose)
+    return Translation(out + ["--", *command] if command else out, warnings, verbose=bool(a["verbose"]))
 
 
 def check_build_text(facts: Mapping[str, object]) -> str:

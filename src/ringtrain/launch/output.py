@@ -21,6 +21,7 @@ import errno
 import os
 import sys
 import threading
+import time
 from dataclasses import dataclass
 from typing import IO
 
@@ -62,9 +63,12 @@ class OutputSink:
     """The workers' output: the terminal with a ``[rank]`` prefix, or one file per rank."""
 
     def __init__(self, directory: str | None, prefix: bool = True,
-                 stream: IO[bytes] | None = None) -> None:
+                 stream: IO[bytes] | None = None, timestamp: bool = False) -> None:
         self.directory = directory
         self.prefix = prefix
+        #: Start each line with the local time it was written (Horovod's
+        #: ``--prefix-output-with-timestamp``, in its ``time.asctime`` form).
+        self.timestamp = timestamp
         self._stream = stream
         self._lock = threading.Lock()  # one writer at a time on the terminal
         self._failure_lock = threading.Lock()
@@ -110,12 +114,14 @@ class OutputSink:
             return
         if self._stdout_dead:
             return  # keep draining the worker's pipe, drop the bytes
+        stamp = time.asctime().encode() if self.timestamp else b""
         if self.prefix:
-            text = f"[{rank}] ".encode() + piece
+            text = stamp + f"[{rank}] ".encode() + piece
             if not text.endswith(b"\n"):
                 text += b"\n"  # a piece of a long line: its own line, so ranks never mix
         else:
-            text = piece if partial or piece.endswith(b"\n") else piece + b"\n"
+            text = stamp + (b" " if stamp else b"") + piece
+            text = text if partial or text.endswith(b"\n") else text + b"\n"
         with self._lock:
             if self._stdout_dead:
                 return
@@ -131,6 +137,8 @@ class OutputSink:
             return
         if not partial and not piece.endswith(b"\n"):
             piece += b"\n"
+        if self.timestamp:
+            piece = time.asctime().encode() + b" " + piece
         try:
             file.write(piece)
             file.flush()

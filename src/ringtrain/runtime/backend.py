@@ -11,6 +11,7 @@ import torch
 from ringtrain import addresses
 from ringtrain.env import LaunchEnv
 from ringtrain.errors import ConfigError
+from ringtrain.settings import Settings
 
 __all__ = ["choose_backend", "configure_logging", "gloo_interface", "pin_device"]
 
@@ -53,14 +54,21 @@ def pin_device(env: LaunchEnv) -> torch.device:
     return torch.device("cpu")
 
 
-def configure_logging(env: LaunchEnv) -> None:
-    # One handler for the "ringtrain" logger with the rank in every line, added once.
-    if any(getattr(h, "_ringtrain", False) for h in log.handlers):
-        return
-    handler = logging.StreamHandler()
-    handler.setFormatter(logging.Formatter(f"[ringtrain rank {env.rank}] %(levelname)s %(message)s"))
-    handler._ringtrain = True  # type: ignore[attr-defined]
-    log.addHandler(handler)
-    if log.level == logging.NOTSET:
-        log.setLevel(logging.WARNING)
+def configure_logging(env: LaunchEnv, settings: Settings) -> None:
+    # One handler for the "ringtrain" logger with the rank in every line, added once;
+    # its level and time stamps from the settings (Horovod's --log-level and
+    # --log-with-timestamp). A level the script set on the logger itself is kept.
+    time_part = "%(asctime)s " if settings.log_time else ""
+    fmt = logging.Formatter(f"{time_part}[ringtrain rank {env.rank}] %(levelname)s %(message)s")
+    ours = [h for h in log.handlers if getattr(h, "_ringtrain", False)]
+    if ours:
+        ours[0].setFormatter(fmt)
+    else:
+        handler = logging.StreamHandler()
+        handler.setFormatter(fmt)
+        handler._ringtrain = True  # type: ignore[attr-defined]
+        log.addHandler(handler)
+    if log.level == logging.NOTSET or getattr(log, "_ringtrain_level", False):
+        log.setLevel(settings.log_level.upper())
+        log._ringtrain_level = True  # type: ignore[attr-defined]
     log.propagate = False

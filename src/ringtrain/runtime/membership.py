@@ -95,7 +95,7 @@ class Membership:
             return self.world
         cfg = load_settings(backend=backend_name, init_timeout=timeout)
         env = parse_env({**os.environ, **self._assigned} if self._assigned else os.environ)
-        backend.configure_logging(env)
+        backend.configure_logging(env, cfg)
         if not self._exit_guard_registered:
             # Registered first, so it runs last among the exit handlers (they run in reverse).
             atexit.register(self._exit_guard)

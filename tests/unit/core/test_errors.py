@@ -12,7 +12,9 @@ from ringtrain.errors import first_line, rank_list, ranks_phrase
     (RuntimeError("Connection closed by peer\nException raised from recvBytes"), 200, "Connection closed by peer"),
     (RuntimeError("\n  wait timeout after 500ms  \nframe #0"), 200, "wait timeout after 500ms"),
     (KeyError(), 200, "KeyError"),                      # nothing to quote: the type says it
-    (RuntimeError("x" * 300), 200, "x" * 200),
+    (RuntimeError("x" * 300), 200, "x" * 197 + "..."),
+    # cut at a word, never inside one ("caused by a remote wo" read as another word)
+    (RuntimeError("a peer was lost, " * 20), 40, "a peer was lost, a peer was lost, a..."),
     (RuntimeError("x" * 300), None, "x" * 300),
 ])
 def test_first_line(exc: BaseException, limit: int | None, want: str) -> None:

@@ -100,8 +100,8 @@ def test_new_workers_come_after_the_survivors_and_hosts_stay_together() -> None:
 def test_rank_0_must_be_a_survivor_whose_rendezvous_the_hosts_reach() -> None:
     loopback = {0}
 
-    def reachable(s: WorkerOnHost, multi: bool) -> bool:
-        return not (multi and s.worker in loopback)
+    def reachable(s: WorkerOnHost, hosts: set[str]) -> bool:
+        return not (len(hosts) > 1 and s.worker in loopback)
 
     # worker 0's port is on loopback: in a multi-host world worker 1 hosts the rendezvous
     assert next_world([WorkerOnHost(0, "a"), WorkerOnHost(1, "b")], [], reachable)[0] == WorkerOnHost(1, "b")

@@ -131,6 +131,7 @@ class _Workers:
         self.made: dict[str, _Remote] = {}
         self.rank0_reachable = True
         self.refuse: Exception | None = None  # what the next launch raises
+        self.removed: list[tuple[list[int], int]] = []
 
     def members(self) -> list[Any]:
         return [p.local for p in self.procs.values() if p.local is not None] + list(self.remotes().values())
@@ -161,8 +162,11 @@ class _Workers:
         self.launched.append({"version": version, "world": [s.worker for s in order],
                               "new": [s.worker for s in new], "lost": lost, "reason": reason})
 
-    def can_be_rank0(self, slot: WorkerOnHost, multi_host: bool) -> bool:
-        return self.rank0_reachable or not multi_host
+    def can_be_rank0(self, slot: WorkerOnHost, hosts: set[str]) -> bool:
+        return self.rank0_reachable or len(hosts) < 2
+
+    def remove(self, workers: list[int], version: int, reason: str) -> None:
+        self.removed.append((list(workers), version))
 
 
 class _Discovery:
@@ -192,8 +196,9 @@ class _Job:
     """A driver over the fakes, and the test's hands on its workers."""
 
     def __init__(self, tmp: Path, hosts: list[Host], min_np: int, max_np: int, np: int | None = None,
-                 reset_limit: int | None = None, start: bool = True) -> None:
-        ecfg = ElasticConfig(min_np=min_np, max_np=max_np, hosts=tuple(hosts), np=np, reset_limit=reset_limit)
+                 reset_limit: int | None = None, start: bool = True, **more: Any) -> None:
+        ecfg = ElasticConfig(min_np=min_np, max_np=max_np, hosts=tuple(hosts), np=np, reset_limit=reset_limit,
+                             **more)
         cfg = JobConfig(command=("true",), placements=(), elastic=ecfg, start_timeout=5.0)
         self.workers = _Workers(tmp / "job")
         self.discovery = _Discovery(hosts)
@@ -255,7 +260,7 @@ def scenario_lost_while_running(tmp: Path) -> _Job:
     job.exit(1, -9)
     assert job.step() is S.FORMING
     assert job.workers.launched[-1] == {"version": 1, "world": [0], "new": [], "lost": [],
-                                        "reason": "lost worker(s) 1"}
+                                        "reason": "lost rank 1 on 127.0.0.1"}
     job.join_all()
     assert job.step() is S.RUNNING
     return job
@@ -279,7 +284,7 @@ def scenario_host_lost_during_a_resize(tmp: Path) -> _Job:
     job.workers.made["nodeb"].gone = True  # nodeb vanished with worker 2
     assert job.step() is S.FORMING
     assert job.workers.launched[-1] == {"version": 2, "world": [0, 1], "new": [], "lost": ["10.0.0.7"],
-                                        "reason": "lost worker(s) 2"}
+                                        "reason": "lost rank 2 on nodeb"}
     assert "nodeb" not in job.workers.hosts and job.driver.blacklist.blocked("nodeb")
     job.join_all()
     assert job.step() is S.RUNNING
@@ -424,6 +429,109 @@ def scenario_output_failed_while_finishing(tmp: Path) -> _Job:
     job.exit(0, 0)
     job.step()
     return _output_failed(job)
+
+
+def scenario_removed_while_running(tmp: Path) -> _Job:
+    """The discovery script lists one slot fewer: the host's last worker is told to leave
+    at the next commit, the others get the smaller world, its exit 0 ends nothing."""
+    job = _running(tmp, discovery_script="hosts.sh")
+    job.discovery.list([Host("127.0.0.1", 1)])
+    assert job.step() is S.FORMING
+    assert job.workers.launched[-1]["world"] == [0] and job.workers.removed == [([1], 1)]
+    job.exit(1, 0)
+    job.join_all()
+    assert job.step() is S.RUNNING and job.driver.formed == 1
+    return job
+
+
+def scenario_short_while_running_then_a_host_comes(tmp: Path) -> _Job:
+    """Below --min-np with --elastic-timeout: the survivor waits; a new host makes the
+    next world (the failed host stays blacklisted)."""
+    job = _running(tmp, min_np=2, elastic_timeout=30.0)
+    job.exit(1, 1)
+    assert job.step() is S.WAITING and len(job.workers.launched) == 1
+    job.discovery.list([Host("127.0.0.1", 2), Host("127.0.0.2", 1)])
+    assert job.step() is S.FORMING
+    assert job.workers.launched[-1]["world"] == [0, 2] and job.workers.launched[-1]["new"] == [2]
+    return job
+
+
+def scenario_lost_while_waiting_then_timeout(tmp: Path) -> _Job:
+    job = _Job(tmp, [Host("127.0.0.1", 3)], min_np=3, max_np=3, elastic_timeout=30.0)
+    job.join_all()
+    job.step()
+    job.exit(2, 1)
+    assert job.step() is S.WAITING
+    job.exit(1, 1)
+    assert job.step() is S.WAITING and job.driver.world == [0]
+    job.driver.waiting_until = 0.0  # --elastic-timeout ran out
+    assert job.step() is S.ENDED and job.driver.exit_code == 1
+    return job
+
+
+def scenario_short_while_forming_then_stopped(tmp: Path) -> _Job:
+    job = _Job(tmp, [Host("127.0.0.1", 2)], min_np=2, max_np=2, elastic_timeout=30.0)
+    job.exit(0, -9)
+    assert job.step() is S.WAITING
+    return _signalled(job)
+
+
+def scenario_output_failed_while_waiting(tmp: Path) -> _Job:
+    job = _running(tmp, min_np=2, elastic_timeout=30.0)
+    job.exit(1, 1)
+    assert job.step() is S.WAITING
+    return _output_failed(job)
+
+
+def scenario_reset_limit_instead_of_waiting(tmp: Path) -> _Job:
+    """No change of size is left (--reset-limit): waiting for hosts could not help."""
+    job = _running(tmp, min_np=2, elastic_timeout=30.0, reset_limit=0)
+    job.exit(1, 1)
+    assert job.step() is S.ENDED and job.driver.exit_code == 1
+    assert job.moves()[-1][1] is E.LIMIT
+    return job
+
+
+def scenario_like_horovod_blacklists_the_failed_ranks_host(tmp: Path) -> _Job:
+    """Horovod's rules: both names of this machine are hosts; the first world takes every
+    slot; a rank that fails takes its host's other rank out with it."""
+    hosts = [Host("localhost", 2), Host("127.0.0.1", 2)]
+    job = _Job(tmp, hosts, min_np=2, max_np=4, np=2, like_horovod=True)
+    assert job.workers.launched[0]["world"] == [0, 1, 2, 3]
+    job.join_all()
+    assert job.step() is S.RUNNING
+    job.exit(0, 1)
+    assert job.step() is S.FORMING
+    assert job.workers.launched[-1]["world"] == [2, 3] and job.driver.cancelled == {1}
+    assert job.driver.blacklist.blocked("localhost")
+    return job
+
+
+def scenario_like_horovod_every_host_blacklisted(tmp: Path) -> _Job:
+    hosts = [Host("localhost", 2), Host("127.0.0.1", 2)]
+    job = _Job(tmp, hosts, min_np=2, max_np=4, like_horovod=True, elastic_timeout=600.0)
+    job.join_all()
+    job.step()
+    job.exit(0, 1)
+    job.exit(2, 1)
+    assert job.step() is S.ENDED and job.driver.exit_code == 1  # no rank left: no waiting
+    return job
+
+
+def scenario_blacklisted_host_comes_back_after_its_cooldown(tmp: Path) -> _Job:
+    hosts = [Host("localhost", 2), Host("127.0.0.1", 2)]
+    job = _Job(tmp, hosts, min_np=2, max_np=4, like_horovod=True, cooldown_range=(0.05, 0.05))
+    job.join_all()
+    job.step()
+    job.exit(3, 1)
+    assert job.step() is S.FORMING and job.workers.launched[-1]["world"] == [0, 1]
+    job.join_all()
+    assert job.step() is S.RUNNING and job.driver.blacklist.blocked("127.0.0.1")
+    import time
+    time.sleep(0.1)
+    assert job.step() is S.FORMING and not job.driver.blacklist.blocked("127.0.0.1")
+    assert job.workers.launched[-1]["world"] == [0, 1, 4, 5]
+    return job
 
 
 SCENARIOS: dict[str, Callable[[Path], _Job]] = {

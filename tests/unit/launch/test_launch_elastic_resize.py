@@ -4,6 +4,7 @@ real), the in-memory commit of a ``Resumable``, and which errors count as a lost
 
 from __future__ import annotations
 
+import logging
 import time
 from pathlib import Path
 from typing import Any
@@ -38,12 +39,14 @@ class _World:
         class _W:
             class env:  # noqa: N801 - mimics World.env
                 elastic_file = self.path
+                rank, size = 0, 2
         return _W
 
-    def publish(self, version: int, lost: list[str] | None = None) -> None:
+    def publish(self, version: int, lost: list[str] | None = None, **more: Any) -> None:
         assignment.write_assignment(self.path, {"version": version, "env": {"RINGTRAIN_RANK": "0",
                                                 "RINGTRAIN_WORLD_VERSION": str(version)},
-                                                "lost": lost or [], "addresses": ["10.0.0.1", "10.0.0.2"]})
+                                                "lost": lost or [], "addresses": ["10.0.0.1", "10.0.0.2"],
+                                                **more})
 
     def leave(self, sever: Any) -> None:
         sever()
@@ -75,7 +78,8 @@ class _State:
 
 
 @pytest.mark.timeout(30)
-def test_a_lost_peer_moves_the_job_to_the_next_world(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_a_lost_peer_moves_the_job_to_the_next_world(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                                     caplog: pytest.LogCaptureFixture) -> None:
     world = _World(monkeypatch, str(tmp_path / "w.json"))
     state = _State()
     calls = []
@@ -83,12 +87,17 @@ def test_a_lost_peer_moves_the_job_to_the_next_world(monkeypatch: pytest.MonkeyP
     def train() -> str:
         calls.append(world.version)
         if world.version == 0:
-            world.publish(1, lost=["10.0.0.2"])  # ringrun writes the next world...
+            # ringrun writes the next world...
+            world.publish(1, lost=["10.0.0.2"], reason="lost rank 2 on nodeb")
             raise CollectiveError("allreduce failed: Connection reset by peer")  # ...a peer died
         return "done"
 
-    assert elastic.drive(train, state, world.leave, world.join, lambda: state.calls.append("start")) == "done"
+    with caplog.at_level(logging.WARNING, logger="ringtrain"):
+        assert elastic.drive(train, state, world.leave, world.join, lambda: state.calls.append("start")) == "done"
     assert calls == [0, 1]
+    # one line, from the new world's rank 0: what was lost, the new size, training goes on
+    said = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert said == ["lost rank 2 on nodeb; world 1 has 2 rank(s); training goes on from the last commit"]
     # Horovod's order: back to the commit, leave, join, reset callbacks, then the sync.
     assert state.calls == ["start", "restore", "reset", "sync"]
     # The watcher closed every connection of the old world (the lost host's and the
@@ -181,3 +190,21 @@ def test_commit_and_restore_in_memory(tmp_path: Path) -> None:
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
     assert opt.state_dict()["state"] == {}  # the step's momentum is gone too
     assert not list(tmp_path.iterdir()), "a commit writes nothing to disk"
+
+
+@pytest.mark.timeout(30)
+def test_a_removed_worker_leaves_at_the_commit_and_exits_0(monkeypatch: pytest.MonkeyPatch,
+                                                            tmp_path: Path) -> None:
+    """The discovery script stopped listing this worker's slot: at the commit it leaves
+    the world and the process ends with 0 (the others go on without it)."""
+    world = _World(monkeypatch, str(tmp_path / "w.json"))
+    state = _State()
+
+    def train() -> str:
+        world.publish(1, removed=True, reason="the discovery script lists localhost:1")
+        raise elastic.HostsUpdated()
+
+    with pytest.raises(SystemExit) as stop:
+        elastic.drive(train, state, world.leave, world.join, lambda: None)
+    assert stop.value.code == 0 and "leave" in world.log
+    assert not [e for e in world.log if isinstance(e, tuple) and e[0] in ("assign", "join")]

@@ -64,15 +64,18 @@ def test_elastic_size_without_np_is_the_fixed_size() -> None:
 
 @pytest.mark.parametrize("line,want", [
     ("-np 3 --min-np 2 --max-np 4 true",
-     ["-np", "3", "--min-np", "2", "--max-np", "4", "-H", "localhost:4", "--", "true"]),
-    ("-np 2 --min-np 2 true", ["-np", "2", "--min-np", "2", "-H", "localhost:2", "--", "true"]),
-    ("-np 2 --max-np 3 true", ["-np", "2", "--min-np", "2", "--max-np", "3", "-H", "localhost:3",
-                               "--", "true"]),
+     ["-np", "3", "--like-horovod", "--min-np", "2", "--max-np", "4", "--elastic-timeout", "600",
+      "-H", "localhost:4", "--", "true"]),
+    ("-np 2 --min-np 2 true", ["-np", "2", "--like-horovod", "--min-np", "2", "--elastic-timeout", "600",
+                               "-H", "localhost:2", "--", "true"]),
+    ("-np 2 --max-np 3 true", ["-np", "2", "--like-horovod", "--min-np", "2", "--max-np", "3",
+                               "--elastic-timeout", "600", "-H", "localhost:3", "--", "true"]),
     ("--min-np 2 --max-np 8 --host-discovery-script ./d.sh --reset-limit 4 true",
-     ["--min-np", "2", "--max-np", "8", "--reset-limit", "4", "--host-discovery-script", "./d.sh",
-      "--", "true"]),
+     ["--like-horovod", "--min-np", "2", "--max-np", "8", "--reset-limit", "4", "--elastic-timeout", "600",
+      "--host-discovery-script", "./d.sh", "--", "true"]),
     ("-np 2 --min-np 1 --max-np 2 -H a:1,b:1 true",
-     ["-np", "2", "--min-np", "1", "--max-np", "2", "-H", "a:1,b:1", "--", "true"]),
+     ["-np", "2", "--like-horovod", "--min-np", "1", "--max-np", "2", "--elastic-timeout", "600",
+      "-H", "a:1,b:1", "--", "true"]),
 ])
 def test_resizing_flags_become_ringruns_resizable_job(line: str, want: list[str]) -> None:
     """--min-np < --max-np (or a discovery script) is resized in place, not restarted."""
@@ -88,13 +91,12 @@ def test_start_timeout_comes_from_horovods_variable() -> None:
 @pytest.mark.parametrize("line,fragment", [
     ("-np 2 --mpi true", "--mpi is not supported"),
     ("-np 2 --jsrun true", "--jsrun is not supported"),
-    ("-np 2 --binding-args=x true", "--binding-args is not supported"),
-    ("-np 2 --config-file c.yaml true", "--config-file is not supported"),
+    ("-np 2 --config-file /nonexistent/c.yaml true", "cannot be read"),
     ("--max-np 4 true", "--min-np is needed"),
-    ("-np 2 --network-interface eth0 --network-interface eth1 true", "give one interface"),
     ("-np 2 --fusion-threshold-mb -1 true", "must be >= 0"),
-    ("-np 2 --gloo --mpi true", "not allowed with argument"),
-    ("-np 2 -H a:1 --hostfile f true", "not allowed with argument"),
+    ("-np 2 --gloo --mpi true", "--mpi is not supported"),
+    ("-np 2 -H a:1 --hostfile f true", "-H and --hostfile cannot be used together"),
+    ("-np 2 --log-level LOUD true", "invalid choice"),
     ("python train.py", "-np is required"),
     ("-np 2 --bogus true", "unrecognized arguments: --bogus"),
 ])
@@ -104,12 +106,12 @@ def test_unsupported_or_wrong_flags_are_one_line_errors(line: str, fragment: str
 
 
 def test_tuning_flags_without_effect_are_warned_not_refused() -> None:
-    t = translate("-np 2 --autotune --cycle-time-ms 5 --hierarchical-allreduce --log-level INFO "
-                  "--blacklist-cooldown-range 10 100 true".split(), {})
-    assert t.ringrun_argv == ["-np", "2", "-H", "localhost:2", "--", "true"]
-    assert t.warnings == [f"{f} has no effect with ringtrain (ignored)" for f in (
-        "--cycle-time-ms", "--hierarchical-allreduce", "--autotune", "--log-level",
-        "--blacklist-cooldown-range")]
+    t = translate("-np 2 --autotune --cycle-time-ms 5 --hierarchical-allreduce --binding-args=x "
+                  "--network-interfaces eth1,eth2 true".split(), {})
+    assert t.ringrun_argv == ["-np", "2", "-H", "localhost:2", "--network-interface", "eth1", "--", "true"]
+    assert t.warnings[0] == "--network-interface eth1,eth2: ringtrain uses the first, eth1"
+    assert [w.split(" has no effect with ringtrain: ")[0] for w in t.warnings[1:]] == [
+        "--cycle-time-ms", "--hierarchical-allreduce", "--autotune", "--binding-args"]
 
 
 def test_check_build_needs_no_np() -> None:

@@ -24,10 +24,11 @@ DISCOVER_EVERY_S = 1.0
 SCRIPT_TIMEOUT_S = 30.0
 
 
-def parse_discovered(text: str, where: str = "the host discovery script") -> list[Host]:
-    """``host:slots`` lines -> hosts (blank lines and ``#`` comments ignored; pure)."""
+def parse_discovered(text: str, where: str = "the host discovery script", slots: int = 1) -> list[Host]:
+    """``host:slots`` lines -> hosts (blank lines and ``#`` comments ignored; a ``host``
+    without slots has ``slots``, ``--slots-per-host``; pure)."""
     entries = [line.split("#", 1)[0].strip() for line in text.splitlines()]
-    entries = [e for e in entries if e]
+    entries = [e if ":" in e else f"{e}:{slots}" for e in entries if e]
     if not entries:
         return []
     try:
@@ -36,7 +37,7 @@ def parse_discovered(text: str, where: str = "the host discovery script") -> lis
         raise ConfigError(f"{where} printed something that is not 'host:slots' lines: {exc}") from None
 
 
-def run_script(script: str, timeout: float = SCRIPT_TIMEOUT_S) -> list[Host]:
+def run_script(script: str, timeout: float = SCRIPT_TIMEOUT_S, slots: int = 1) -> list[Host]:
     """Run the discovery script once; its hosts, or ConfigError saying why not."""
     try:
         res = subprocess.run([script], capture_output=True, text=True, timeout=timeout,
@@ -50,15 +51,17 @@ def run_script(script: str, timeout: float = SCRIPT_TIMEOUT_S) -> list[Host]:
     if res.returncode != 0:
         last = (res.stderr.strip().splitlines() or ["no output"])[-1][:200]
         raise ConfigError(f"--host-discovery-script {script} exited with code {res.returncode} ({last})")
-    return parse_discovered(res.stdout, f"--host-discovery-script {script}")
+    return parse_discovered(res.stdout, f"--host-discovery-script {script}", slots)
 
 
 class Discovery:
     """The hosts available now: ``fixed`` hosts, or the script's latest good answer."""
 
     def __init__(self, fixed: list[Host] | None = None, script: str | None = None,
-                 every: float = DISCOVER_EVERY_S, say: Callable[[str], None] = lambda _m: None) -> None:
+                 every: float = DISCOVER_EVERY_S, say: Callable[[str], None] = lambda _m: None,
+                 slots: int = 1) -> None:
         self._fixed = list(fixed or [])
+        self._slots = slots
         self._script = script
         self._every = every
         self._say = say
@@ -71,7 +74,7 @@ class Discovery:
     def first(self) -> list[Host]:
         """The hosts to start with (runs the script once, here; errors are the caller's)."""
         if self._script is not None:
-            hosts = run_script(self._script)
+            hosts = run_script(self._script, slots=self._slots)
             with self._lock:
                 self._latest = hosts
                 self._rounds = 1
@@ -87,7 +90,7 @@ class Discovery:
         problem = ""
         while not self._stop.wait(self._every):
             try:
-                hosts = run_script(self._script)
+                hosts = run_script(self._script, slots=self._slots)
             except ConfigError as exc:
                 if str(exc) != problem:
                     self._say(f"warning: {exc}; keeping the last hosts it reported")

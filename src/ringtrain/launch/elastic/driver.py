@@ -64,7 +64,14 @@ from ringtrain.launch.members import Member, stop_all
 from ringtrain.launch.output import OutputSink
 from ringtrain.launch.remote import HOST_LOST, RemoteHost
 
-__all__ = ["Driver", "Workers", "run_elastic"]
+__all__ = ["HOROVOD_FAILED", "HOROVOD_RESET_LIMIT", "Driver", "Workers", "run_elastic"]
+
+#: Horovod's words when an elastic job fails for good (its driver's RuntimeError), which
+#: horovodrun users' tooling may look for; ringrun says it in its own words.
+HOROVOD_FAILED = "Horovod detected that one or more processes exited with non-zero status"
+#: Horovod's words when the job re-formed --reset-limit times (its elastic constants).
+HOROVOD_RESET_LIMIT = ("Horovod was shutdown because number of resets during elastic job exceeded "
+                       "limit: {}")
 
 
 class Workers(Protocol):
@@ -80,7 +87,8 @@ class Workers(Protocol):
     def remotes(self) -> dict[str, RemoteHost]: ...
     def launch(self, order: list[WorkerOnHost], new: list[WorkerOnHost], lost: list[str], reason: str,
                version: int) -> None: ...
-    def can_be_rank0(self, slot: WorkerOnHost, multi_host: bool) -> bool: ...
+    def can_be_rank0(self, slot: WorkerOnHost, hosts: set[str]) -> bool: ...
+    def remove(self, workers: list[int], version: int, reason: str) -> None: ...
 
 
 class Driver:
@@ -92,8 +100,12 @@ class Driver:
         assert cfg.elastic is not None
         self.cfg, self.ecfg = cfg, cfg.elastic
         self.run_id, self.sink, self.stop_flag, self.watchdog = run_id, sink, stop_flag, watchdog
-        self.discovery = discovery or Discovery(list(self.ecfg.hosts), self.ecfg.discovery_script, say=say)
-        self.blacklist = Blacklist(self.ecfg.cooldown if self.ecfg.discovery_script else 0.0)
+        self.discovery = discovery or Discovery(list(self.ecfg.hosts), self.ecfg.discovery_script, say=say,
+                                               slots=self.ecfg.slots_per_host)
+        # ringrun's rule: a failed host of a discovery script comes back after COOLDOWN_S;
+        # Horovod's: only with --blacklist-cooldown-range (fixed lists too).
+        plain = self.ecfg.cooldown if self.ecfg.discovery_script and not self.ecfg.like_horovod else 0.0
+        self.blacklist = Blacklist(plain, self.ecfg.cooldown_range)
         self.dir = os.path.join(tempfile.gettempdir(), f"ringtrain-elastic-{run_id}")
         self.workers: Workers = workers or JobWorkers(cfg, run_id, sink, stop_flag, watchdog, self.dir)
         self.procs = self.workers.procs
@@ -112,6 +124,10 @@ class Driver:
         self.changed_at = time.monotonic()
         self.resets = 0
         self.cancelled: set[int] = set()
+        #: WAITING: when the job gives up waiting for hosts (--elastic-timeout).
+        self.waiting_until = 0.0
+        #: WAITING: hosts that joined, whose workers start with the next world.
+        self.pending: list[WorkerOnHost] = []
         self.next_id = 0
         self.rounds = 0
 
@@ -142,7 +158,10 @@ class Driver:
     def start(self) -> None:
         hosts = self._first_hosts()
         total = sum(h.slots for h in hosts)
-        np = self.ecfg.np or min(self.ecfg.max_np, total)
+        # ringrun keeps -np as the first size; Horovod takes every slot there is (up to
+        # --max-np) once -np are there.
+        np = min(self.ecfg.max_np, total) if self.ecfg.like_horovod else (
+            self.ecfg.np or min(self.ecfg.max_np, total))
         placed = place_ranks(hosts, np, slots_note="the hosts available now")
         ids = self._new_ids(len(placed))
         remote_ids: dict[str, list[int]] = {}
@@ -168,15 +187,18 @@ class Driver:
             f"(--min-np {self.ecfg.min_np}, --max-np {self.ecfg.max_np})")
 
     def _first_hosts(self) -> list[Host]:
-        """The hosts to start on: wait (``--start-timeout``) for ``--min-np`` slots."""
+        """The hosts to start on: wait (``--start-timeout``) for ``--min-np`` slots (with
+        Horovod's rules, for ``-np``: the processes it needs before training starts)."""
+        need = max(self.ecfg.min_np, self.ecfg.np or 0) if self.ecfg.like_horovod else self.ecfg.min_np
+        what = "-np" if need > self.ecfg.min_np else "--min-np"
         deadline = time.monotonic() + self.cfg.start_timeout
         while True:
             hosts = self.discovery.first()
-            if sum(h.slots for h in hosts) >= self.ecfg.min_np:
+            if sum(h.slots for h in hosts) >= need:
                 return hosts
             if time.monotonic() > deadline:
                 raise ConfigError(f"the hosts available ({self._hosts_text(hosts) or 'none'}) have fewer "
-                                  f"than --min-np {self.ecfg.min_np} slots after {self.cfg.start_timeout:g} s")
+                                  f"than {what} {need} slots after {self.cfg.start_timeout:g} s")
             if self.stop_flag:
                 self._on(Event.STOPPED, 128 + self.stop_flag[0])
                 raise Stopped(self.stop_flag[0])
@@ -227,6 +249,8 @@ class Driver:
         self._exits()
         if not self.ended:
             self._grow()
+        if self.state is JobState.WAITING:
+            self._wait_for_hosts()
 
     def _acks(self) -> None:
         for proc in self.procs.values():
@@ -273,6 +297,9 @@ class Driver:
             self._shrink(dead)
             if self.ended:
                 return
+        for name in [h for h, host in self.hosts.items() if host.workers
+                     and all(self.procs[x].code is not None for x in host.workers)]:
+            self._forget(name)  # its workers left (removed by discovery): free for a later grow
         if finished and self.state is not JobState.FINISHING:
             self._on(Event.FINISHED)
         if self.state is JobState.FINISHING and all(self.procs[w].code is not None for w in self.formed_world):
@@ -299,14 +326,22 @@ class Driver:
 
     def _shrink(self, dead: list[int]) -> None:
         now = time.monotonic()
+        failed_hosts: list[str] = []
         for w in dead:
-            self.blacklist.add(self.procs[w].host, now)
-            say(f"elastic: {self._describe(w)}")
+            host = self.procs[w].host
+            wait = self.blacklist.add(host, now)
+            failed_hosts.append(host)
+            back = "" if wait == float("inf") else f" (blacklisted for {wait:.0f} s)"
+            say(f"elastic: {self._describe(w)}{back if self.ecfg.like_horovod else ''}")
         pending = self.state is JobState.FORMING and self.version > 0
         # New workers of a world that has not formed hold no state: stop them; their hosts
         # are taken again at a later discovery round.
         unjoined = [w for w in self.world if pending and self.procs[w].started_in == self.version
                     and self.procs[w].joined < self.version and self.procs[w].code is None]
+        if self.ecfg.like_horovod:
+            # Horovod blacklists the host of a failed rank with all its ranks.
+            unjoined += [w for w in self.world if self.procs[w].host in failed_hosts
+                         and self.procs[w].code is None and w not in unjoined]
         survivors = [w for w in self.world if self.procs[w].code is None and w not in unjoined]
         if unjoined:
             self._cancel(unjoined)
@@ -319,24 +354,75 @@ class Driver:
                        if self.hosts[h].remote is not None and not addresses.is_loopback(a)})
         for h in lost_hosts:
             self._forget(h)
-        if not self._change(survivors, [], lost, f"lost worker(s) {', '.join(map(str, dead))}", Event.LOST):
+        reason = "lost " + ", ".join(
+            f"rank {self.world.index(w)} on {self.procs[w].host}" if w in self.world else f"worker {w}"
+            for w in dead)
+        if self._short(survivors, reason):
+            return
+        if not self._change(survivors, [], lost, reason, Event.LOST):
             raise LaunchError("no surviving worker can host the rendezvous of a multi-host world "
                               "(its port is on loopback); pass --network-interface")
 
-    def _change(self, survivors: list[int], new: list[WorkerOnHost], lost: list[str], reason: str,
-                event: Event) -> bool:
-        """Announce the next world (``event``: LOST or GROWN), or end the job when it may not
-        change any more (TOO_FEW, LIMIT). False, and nothing changes, when no survivor's
-        rendezvous can be reached from every host of the next world."""
-        if len(survivors) < self.ecfg.min_np:
+    def _short(self, survivors: list[int], reason: str) -> bool:
+        """Fewer than ``--min-np`` left: wait for hosts (``--elastic-timeout``, WAITING) or
+        end the job (TOO_FEW; at once when no rank is left: every host failed or is
+        blacklisted). False: enough are left."""
+        if len(survivors) >= self.ecfg.min_np:
+            return False
+        limited = self.ecfg.reset_limit is not None and self.resets >= self.ecfg.reset_limit
+        if survivors and self.ecfg.elastic_timeout > 0 and not limited:
+            self.world = list(survivors)
+            self.pending = []
+            if self.state is JobState.WAITING:
+                self._on(Event.LOST)
+            else:
+                self.waiting_until = time.monotonic() + self.ecfg.elastic_timeout
+                self._on(Event.SHORT)
+            say(f"elastic: {len(survivors)} rank(s) left ({reason}), fewer than --min-np "
+                f"{self.ecfg.min_np}; waiting up to {self.ecfg.elastic_timeout:g} s for hosts")
+            return True
+        code = exit_status(next((self.procs[w].code for w in self.procs
+                                 if self.procs[w].code not in (None, 0)), 1) or 1)
+        if survivors and self.ecfg.elastic_timeout > 0:  # no new world may come: end now
+            self._say_limit()
+            self._on(Event.LIMIT, 1)
+            return True
+        if self.ecfg.like_horovod:
+            say(f"error: {HOROVOD_FAILED} ({len(survivors)} rank(s) left, --min-np {self.ecfg.min_np})")
+        else:
             say(f"elastic: {len(survivors)} rank(s) left, fewer than --min-np {self.ecfg.min_np}; "
                 "stopping the job")
-            self._on(Event.TOO_FEW, exit_status(next((self.procs[w].code for w in self.procs
-                                                      if self.procs[w].code not in (None, 0)), 1) or 1))
+        self._on(Event.TOO_FEW, code)
+        return True
+
+    def _wait_for_hosts(self) -> None:
+        """WAITING: once the survivors and the hosts that joined make ``--min-np``, the
+        next world; past ``--elastic-timeout``, the end."""
+        if len(self.world) + len(self.pending) >= self.ecfg.min_np and not self.connecting:
+            new, self.pending = self.pending, []
+            names = ",".join(sorted({s.host for s in new}))
+            self._change(list(self.world), new, [], f"host(s) {names} added", Event.GROWN)
+            return
+        if time.monotonic() >= self.waiting_until:
+            for remote, _ids, _deadline in self.connecting.values():
+                stop_all([remote], grace=0.5)
+            self.connecting.clear()
+            message = (HOROVOD_FAILED if self.ecfg.like_horovod else
+                       f"fewer than --min-np {self.ecfg.min_np} ranks")
+            say(f"error: {message}: no hosts for {self.ecfg.min_np - len(self.world)} more rank(s) "
+                f"within --elastic-timeout {self.ecfg.elastic_timeout:g} s; stopping the job")
+            self._on(Event.TOO_FEW, 1)
+
+    def _change(self, survivors: list[int], new: list[WorkerOnHost], lost: list[str], reason: str,
+                event: Event) -> bool:
+        """Announce the next world (``event``: LOST, GROWN or REMOVED), or end the job when
+        it may not change any more (TOO_FEW, LIMIT). False, and nothing changes, when no
+        survivor's rendezvous can be reached from every host of the next world."""
+        if len(survivors) + len(new) < self.ecfg.min_np:
+            self._on(Event.TOO_FEW, 1)
             return True
         if self.ecfg.reset_limit is not None and self.resets >= self.ecfg.reset_limit:
-            say(f"elastic: the job changed size {self.resets} time(s), --reset-limit "
-                f"{self.ecfg.reset_limit}; stopping the job")
+            self._say_limit()
             self._on(Event.LIMIT, 1)
             return True
         order = next_world([WorkerOnHost(w, self.procs[w].host) for w in survivors], new,
@@ -354,8 +440,16 @@ class Driver:
         self.resets += 1
         self._on(event)
         verb = "growing" if new else "re-forming"
-        say(f"elastic: {verb} to {len(order)} rank(s) on {self._where(order)} as world {self.version}")
+        say(f"elastic: {verb} to {len(order)} rank(s) on {self._where(order)} as world {self.version} "
+            f"({reason})")
         return True
+
+    def _say_limit(self) -> None:
+        if self.ecfg.like_horovod:
+            say("error: " + HOROVOD_RESET_LIMIT.format(self.ecfg.reset_limit))
+        else:
+            say(f"elastic: the job changed size {self.resets} time(s), --reset-limit "
+                f"{self.ecfg.reset_limit}; stopping the job")
 
     def _cancel(self, workers: list[int]) -> None:
         self.cancelled.update(workers)
@@ -382,13 +476,17 @@ class Driver:
         if host is not None and host.remote is not None:
             stop_all([host.remote], grace=0.5)  # the agent exits once its workers did
 
-    # -- GROWN: a larger world -------------------------------------------------------------------
+    # -- GROWN: a larger world; REMOVED: slots the discovery script no longer lists ------------
 
     def _grow(self) -> None:
         now = time.monotonic()
-        if self.discovery.rounds() != self.rounds:
+        if self.discovery.rounds() != self.rounds or self.blacklist.cooldown_range is not None:
+            # (a fixed host list has one round; its hosts come back by cooldown only)
             self.rounds = self.discovery.rounds()
-            self.blacklist.observe([h.name for h in self.discovery.hosts()], now)
+            for back in self.blacklist.observe([h.name for h in self.discovery.hosts()], now):
+                if self.ecfg.like_horovod:
+                    say(f"elastic: host {back} is no longer blacklisted")
+        waiting = self.state is JobState.WAITING
         for name, (remote, ids, deadline) in list(self.connecting.items()):
             if self.state is JobState.FINISHING:
                 # The job is ending: a world with this host could never form.
@@ -404,29 +502,44 @@ class Driver:
                 say(f"elastic: warning: host {name} did not answer ({remote.problem()}); not using it")
                 stop_all([remote], grace=0.5)
                 self.blacklist.add(name, now)
-        limited = self.ecfg.reset_limit is not None and self.resets >= self.ecfg.reset_limit
-        if self.state is not JobState.RUNNING or self.connecting or limited:
+        if self.state is JobState.RUNNING and self.ecfg.discovery_script and self._remove_unlisted():
             return
-        room = self.ecfg.max_np - len(self.world)
+        limited = self.ecfg.reset_limit is not None and self.resets >= self.ecfg.reset_limit
+        if not (self.state is JobState.RUNNING or waiting) or self.connecting or limited:
+            return
+        room = self.ecfg.max_np - len(self.world) - len(self.pending)
         for host in self.discovery.hosts():
             if room <= 0:
                 break
-            if host.name in self.hosts or self.blacklist.blocked(host.name):
+            if self.blacklist.blocked(host.name):
                 continue
-            ids = self._new_ids(min(host.slots, room))
+            # a new host, or more slots listed for one the job has (Horovod adds them)
+            have = len([w for w in [*self.world, *(s.worker for s in self.pending)]
+                        if self.procs[w].host == host.name]) if host.name in self.hosts else 0
+            if host.name in self.hosts and (have == 0 or host.slots <= have or host.name in self.connecting):
+                continue
+            ids = self._new_ids(min(host.slots - have, room))
             room -= len(ids)
             if self.cfg.is_local(host.name):
                 self._join_host(host.name, None, ids)
-                return
+                if not waiting:
+                    return
+                continue
             self.connecting[host.name] = (self.workers.remote(host.name, ids), ids,
                                           now + self.cfg.start_timeout)
 
     def _join_host(self, name: str, remote: RemoteHost | None, ids: list[int]) -> None:
-        infos = {h: r.info or {} for h, r in self.workers.remotes().items()}
-        if remote is not None:
-            infos[name] = remote.info or {}
-        self.workers.register(name, remote, infos)
+        if name not in self.hosts:
+            infos = {h: r.info or {} for h, r in self.workers.remotes().items()}
+            if remote is not None:
+                infos[name] = remote.info or {}
+            self.workers.register(name, remote, infos)
         new = [WorkerOnHost(w, name) for w in ids]
+        if self.state is JobState.WAITING:
+            # The survivors are not training: the next world comes once there are enough.
+            say(f"elastic: host {name} added ({len(ids)} slot(s))")
+            self.pending += new
+            return
         say(f"elastic: host {name} added ({len(ids)} slot(s)); the job grows at its next commit")
         try:
             why = None if self._change(list(self.world), new, [], f"host {name} added", Event.GROWN) else (
@@ -439,6 +552,32 @@ class Driver:
             self.blacklist.add(name, time.monotonic())
             if remote is not None:
                 stop_all([remote], grace=0.5)
+
+    def _remove_unlisted(self) -> bool:
+        """RUNNING: the discovery script lists fewer slots of a host than it has workers
+        (or not the host at all): a smaller world without the excess workers, taken at the
+        next commit (they leave then, with nothing lost). True when it announced one."""
+        listed = {h.name: h.slots for h in self.discovery.hosts()}
+        removed: list[int] = []
+        for name in self.hosts:
+            mine = [w for w in self.world if self.procs[w].host == name]
+            extra = len(mine) - listed.get(name, 0)
+            if extra > 0:
+                removed += mine[-extra:]  # the host's last ranks: its first keeps rank 0's state
+        if not removed:
+            return False
+        survivors = [w for w in self.world if w not in removed]
+        what = ", ".join(f"{h}:{listed.get(h, 0)}" for h in sorted({self.procs[w].host for w in removed}))
+        reason = f"the discovery script lists {what}"
+        if self._short(survivors, reason):
+            self._cancel(removed)
+            return True
+        self.cancelled.update(removed)  # their exit is expected, not a failure or the end
+        if not self._change(survivors, [], [], reason, Event.REMOVED):
+            self.cancelled.difference_update(removed)
+            return False
+        self.workers.remove(removed, self.version, reason)
+        return True
 
     def close(self) -> None:
         self.discovery.close()

@@ -4,18 +4,23 @@
 
     STARTING ──LAUNCHED──► FORMING ──FORMED──► RUNNING
                             ▲  │  ▲               │
-                            └──┘  └─LOST, GROWN───┘
-                        LOST, GROWN
+                            └──┘  └─LOST, GROWN,──┘
+                        LOST, GROWN   REMOVED
+    FORMING, RUNNING ──SHORT──► WAITING ──GROWN──► FORMING
+    WAITING ──LOST──► WAITING
     FORMING, RUNNING ──FINISHED──► FINISHING ──FORMED──► FINISHING
     FINISHING ──LOST, ALL_EXITED──► ENDED
-    FORMING, RUNNING ──TOO_FEW, LIMIT──► ENDED
+    FORMING, RUNNING ──TOO_FEW, LIMIT──► ENDED;  WAITING ──TOO_FEW──► ENDED
     every state but ENDED ──STOPPED──► ENDED
-    FORMING, RUNNING, FINISHING ──OUTPUT_FAILED──► ENDED
+    FORMING, RUNNING, WAITING, FINISHING ──OUTPUT_FAILED──► ENDED
 
 - **STARTING**: the first world is not launched yet (waiting for ``--min-np`` slots).
 - **FORMING**: the newest world was announced (its new workers started, the others told
   through their assignment files) and not every one of its workers has joined it yet.
-- **RUNNING**: every worker of the newest world joined it; only now may the job grow.
+- **RUNNING**: every worker of the newest world joined it; only now may the job grow, or
+  shrink because the discovery script no longer lists some of its slots (``REMOVED``).
+- **WAITING**: fewer than ``--min-np`` workers are left and ``--elastic-timeout`` has not
+  run out: the survivors wait for their next world while the driver waits for hosts.
 - **FINISHING**: a worker exited 0, so the job is ending: nothing grows or re-forms any
   more; a worker that fails now fails the job.
 - **ENDED**: the job's exit code is decided.
@@ -37,6 +42,7 @@ class JobState(enum.Enum):
     STARTING = "starting"
     FORMING = "forming"
     RUNNING = "running"
+    WAITING = "waiting"
     FINISHING = "finishing"
     ENDED = "ended"
 
@@ -51,11 +57,16 @@ class Event(enum.Enum):
     LOST = "lost"
     #: New hosts joined: a larger world was announced.
     GROWN = "grown"
+    #: The discovery script stopped listing some of the world's slots: a smaller world
+    #: without their workers was announced, taken at the next commit.
+    REMOVED = "removed"
+    #: Fewer than ``--min-np`` workers are left; the job waits for hosts.
+    SHORT = "short"
     #: A worker of the world exited 0.
     FINISHED = "finished"
     #: Every worker of the last formed world has exited.
     ALL_EXITED = "all exited"
-    #: Fewer than ``--min-np`` workers are left.
+    #: Fewer than ``--min-np`` workers are left (and no more waiting), or none at all.
     TOO_FEW = "too few"
     #: The job changed size ``--reset-limit`` times and would have to again.
     LIMIT = "reset limit"
@@ -66,7 +77,7 @@ class Event(enum.Enum):
 
 
 _S, _E = JobState, Event
-_LIVE = (_S.STARTING, _S.FORMING, _S.RUNNING, _S.FINISHING)
+_LIVE = (_S.STARTING, _S.FORMING, _S.RUNNING, _S.WAITING, _S.FINISHING)
 
 #: (state, event) -> the next state. Anything not listed cannot happen.
 TRANSITIONS: dict[tuple[JobState, Event], JobState] = {
@@ -77,13 +88,20 @@ TRANSITIONS: dict[tuple[JobState, Event], JobState] = {
     (_S.FORMING, _E.FINISHED): _S.FINISHING,
     (_S.RUNNING, _E.LOST): _S.FORMING,
     (_S.RUNNING, _E.GROWN): _S.FORMING,
+    (_S.RUNNING, _E.REMOVED): _S.FORMING,
+    (_S.FORMING, _E.SHORT): _S.WAITING,
+    (_S.RUNNING, _E.SHORT): _S.WAITING,
+    (_S.WAITING, _E.GROWN): _S.FORMING,  # hosts came: the survivors and them
+    (_S.WAITING, _E.LOST): _S.WAITING,  # another survivor failed meanwhile
     (_S.RUNNING, _E.FINISHED): _S.FINISHING,
     (_S.FINISHING, _E.FORMED): _S.FINISHING,
     (_S.FINISHING, _E.LOST): _S.ENDED,
     (_S.FINISHING, _E.ALL_EXITED): _S.ENDED,
-    **{(state, event): _S.ENDED for state in (_S.FORMING, _S.RUNNING) for event in (_E.TOO_FEW, _E.LIMIT)},
+    **{(state, event): _S.ENDED for state in (_S.FORMING, _S.RUNNING)
+       for event in (_E.TOO_FEW, _E.LIMIT)},
+    (_S.WAITING, _E.TOO_FEW): _S.ENDED,  # --elastic-timeout ran out
     **{(state, _E.STOPPED): _S.ENDED for state in _LIVE},
-    **{(state, _E.OUTPUT_FAILED): _S.ENDED for state in (_S.FORMING, _S.RUNNING, _S.FINISHING)},
+    **{(state, _E.OUTPUT_FAILED): _S.ENDED for state in (_S.FORMING, _S.RUNNING, _S.WAITING, _S.FINISHING)},
 }
 
 

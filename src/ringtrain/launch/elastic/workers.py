@@ -166,6 +166,10 @@ class JobWorkers:
         cfg = self.cfg
         net_env = ({"GLOO_SOCKET_IFNAME": cfg.network_interface, "NCCL_SOCKET_IFNAME": cfg.network_interface}
                    if cfg.network_interface else {})
+        if cfg.elastic is not None and cfg.elastic.elastic_timeout > 0:
+            # Survivors of a loss wait for their next world as long as ringrun waits for
+            # hosts (--elastic-timeout), and a little more for the world to be written.
+            net_env["RINGTRAIN_REFORM_WAIT"] = f"{cfg.elastic.elastic_timeout + 30:g}"
         host.workers.extend(ids)
         if host.remote is not None:
             base = forwarded_env(os.environ, cfg.extra_env)
@@ -200,5 +204,25 @@ class JobWorkers:
             if self.watchdog is not None:
                 self.watchdog.watch_group(worker.pid)
 
-    def can_be_rank0(self, slot: WorkerOnHost, multi_host: bool) -> bool:
-        return not (multi_host and addresses.is_loopback(self.procs[slot.worker].addr))
+    def remove(self, workers: list[int], version: int, reason: str) -> None:
+        """Tell ``workers`` that world ``version`` goes on without them: they leave at
+        their next commit (:mod:`ringtrain.elastic.resize`)."""
+        payloads: dict[str, dict[str, Any]] = {}
+        for w in workers:
+            data = {"version": version, "env": {}, "removed": True, "reason": reason, "lost": [],
+                    "addresses": sorted(self.addresses)}
+            proc = self.procs[w]
+            if proc.local is not None:
+                assignment.write_assignment(proc.file, data)
+            else:
+                payloads.setdefault(proc.host, {})[str(w)] = data
+        for name, assign in payloads.items():
+            remote = self.hosts[name].remote
+            assert remote is not None
+            remote.send_spec({"assign": assign})
+
+    def can_be_rank0(self, slot: WorkerOnHost, hosts: set[str]) -> bool:
+        # Loopback is every host's own: rank 0 may listen there only when each host of
+        # the world is this machine (two of its names, as Horovod's tests list them).
+        remote = any(h in self.hosts and self.hosts[h].remote is not None for h in hosts)
+        return not (remote and addresses.is_loopback(self.procs[slot.worker].addr))
