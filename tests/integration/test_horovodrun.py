@@ -52,10 +52,10 @@ def test_the_same_script_runs_under_ringrun() -> None:
 @pytest.mark.parametrize("flags,fragment", [
     (["--mpi"], "--mpi is not supported"),
     (["--jsrun"], "--jsrun is not supported"),
-    (["--mpi-args=--map-by ppr:1:node"], "--mpi-args is not supported"),
+    (["--config-file", "/nonexistent/horovod.yaml"], "--config-file /nonexistent/horovod.yaml cannot be read"),
     (["--min-np", "3", "--max-np", "2"], "--max-np 2 is below --min-np 3"),
     (["--host-discovery-script", "discover.sh"], "is not an executable file"),
-    (["--network-interface", "eth0,eth1"], "give one interface"),
+    (["--log-level", "LOUD"], "invalid choice: 'LOUD'"),
 ])
 def test_unsupported_flags_are_one_line_and_exit_2(flags: list[str], fragment: str) -> None:
     marker = new_marker()

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from ringtrain import runtime, wiring
-from ringtrain.elastic.resize import drive, leave_world, world_version
+from ringtrain.elastic.resize import drive, leave_world, resizable, world_version
 from ringtrain.elastic.resume import Resumable
 
 __all__ = ["run"]
@@ -40,6 +40,13 @@ def run(func: Callable[..., T]) -> Callable[..., T]:
                 state.sync()  # a worker that joins a running job: rank 0's state
             state.commit(state.step)
 
-        return drive(lambda: func(state, *args, **kwargs), state, leave_world, join, start)
+        try:
+            return drive(lambda: func(state, *args, **kwargs), state, leave_world, join, start)
+        except BaseException as exc:
+            if resizable() and runtime.is_initialized() and not (
+                    isinstance(exc, SystemExit) and exc.code in (0, None)):
+                # This rank fails: leave without waiting on the ranks that go on without it.
+                leave_world(lambda: None)
+            raise
 
     return wrapper

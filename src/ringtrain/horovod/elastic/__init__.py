@@ -76,7 +76,15 @@ def run(func: Callable[..., T]) -> Callable[..., T]:
         if elastic.resizable():
             # Every world starts from rank 0's state: the first, and for a rank that
             # joins a running job, the one it joins.
-            return elastic.drive(lambda: func(state, *args, **kwargs), state, _leave, _join, state.sync)
+            try:
+                return elastic.drive(lambda: func(state, *args, **kwargs), state, _leave, _join, state.sync)
+            except BaseException as exc:
+                if not (isinstance(exc, SystemExit) and exc.code in (0, None)):
+                    # This rank fails (the script's own error): it leaves the world without
+                    # the collective shutdown, which would wait on ranks that go on
+                    # without it; ringrun re-forms the others.
+                    _leave(lambda: None)
+                raise
         resumed = state.resume_from_disk()
         state.sync()
         if resumed:

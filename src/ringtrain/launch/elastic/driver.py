@@ -338,13 +338,17 @@ class Driver:
         # are taken again at a later discovery round.
         unjoined = [w for w in self.world if pending and self.procs[w].started_in == self.version
                     and self.procs[w].joined < self.version and self.procs[w].code is None]
-        if self.ecfg.like_horovod:
-            # Horovod blacklists the host of a failed rank with all its ranks.
-            unjoined += [w for w in self.world if self.procs[w].host in failed_hosts
-                         and self.procs[w].code is None and w not in unjoined]
-        survivors = [w for w in self.world if self.procs[w].code is None and w not in unjoined]
         if unjoined:
             self._cancel(unjoined)
+        if self.ecfg.like_horovod:
+            # Horovod blacklists the host of a failed rank with all its ranks.
+            hosted = [w for w in self.world if self.procs[w].host in failed_hosts
+                      and self.procs[w].code is None and w not in unjoined]
+            if hosted:
+                self._cancel(hosted, f"host(s) {', '.join(sorted(set(failed_hosts)))} left the job "
+                                     "with the failed rank(s)")
+                unjoined += hosted
+        survivors = [w for w in self.world if self.procs[w].code is None and w not in unjoined]
         lost_hosts = [h for h in {self.procs[w].host for w in dead} if h in self.hosts
                       and all(self.procs[x].code is not None for x in self.hosts[h].workers)]
         # A lost remote host's addresses: the survivors close their connections there,
@@ -451,10 +455,10 @@ class Driver:
             say(f"elastic: the job changed size {self.resets} time(s), --reset-limit "
                 f"{self.ecfg.reset_limit}; stopping the job")
 
-    def _cancel(self, workers: list[int]) -> None:
+    def _cancel(self, workers: list[int], why: str = "their world will not form") -> None:
         self.cancelled.update(workers)
         hosts = {self.procs[w].host for w in workers}
-        say(f"elastic: stopping worker(s) {', '.join(map(str, workers))}: their world will not form")
+        say(f"elastic: stopping worker(s) {', '.join(map(str, workers))}: {why}")
         members: list[Member] = []
         for w in workers:
             proc = self.procs[w]
@@ -567,8 +571,9 @@ class Driver:
         if not removed:
             return False
         survivors = [w for w in self.world if w not in removed]
-        what = ", ".join(f"{h}:{listed.get(h, 0)}" for h in sorted({self.procs[w].host for w in removed}))
-        reason = f"the discovery script lists {what}"
+        gone = sorted({self.procs[w].host for w in removed})
+        reason = "; ".join(f"the discovery script lists {h}:{listed[h]}" if h in listed else
+                           f"the discovery script no longer lists {h}" for h in gone)
         if self._short(survivors, reason):
             self._cancel(removed)
             return True

@@ -170,6 +170,11 @@ class JobWorkers:
             # Survivors of a loss wait for their next world as long as ringrun waits for
             # hosts (--elastic-timeout), and a little more for the world to be written.
             net_env["RINGTRAIN_REFORM_WAIT"] = f"{cfg.elastic.elastic_timeout + 30:g}"
+        if "TORCH_CPP_LOG_LEVEL" not in os.environ and "TORCH_CPP_LOG_LEVEL" not in cfg.extra_env:
+            # A lost peer is expected here: c10d would log each of the store's broken
+            # connections (rank 0's store dies with it) as a warning with a C++ trace.
+            # ringrun and the new rank 0 say what happened in one line each instead.
+            net_env["TORCH_CPP_LOG_LEVEL"] = "ERROR"
         host.workers.extend(ids)
         if host.remote is not None:
             base = forwarded_env(os.environ, cfg.extra_env)
