@@ -122,7 +122,7 @@ def _train(cfg: tuple[str, Any, Any, int, int, int, str, str]) -> dict[str, Any]
     finally:
         events.unsubscribe(listen)
     return {"params": [p.detach().clone() for p in model.parameters()], "digests": digests,
-            "events": seen, "bytes": opt.exchanged_bytes, "syncs": opt.syncs}
+            "events": seen, "bytes": opt.exchanged_bytes, "syncs": opt.syncs, "same_start": opt.same_start}
 
 
 def _errors() -> dict[str, str]:
@@ -257,7 +257,7 @@ def _resume() -> dict[str, Any]:
     return {"straight": straight, "resumed": resumed, "per_epoch": len(loader)}
 
 
-def _join() -> dict[str, Any]:
+def _join(directory: str) -> dict[str, Any]:
     """Rank 2 builds a fresh model (another start) and optimizer mid-interval, as a
     joining worker does; world_changed() on every rank, then on to the next sync."""
     import ringtrain as rt
@@ -277,7 +277,9 @@ def _join() -> dict[str, Any]:
                 p.add_(5.0)
         opt = rt.DiLoCo(model, _adamw(list(model.parameters())), _nesterov(list(model.parameters())),
                         sync_every=4)
-    handled = opt.world_changed()
+    # What rt.elastic does after a resize (Resumable.sync calls the optimizer's hook).
+    rt.elastic.Resumable(directory, model=model, optimizer=opt).sync()
+    handled = opt.world_changed()  # the hook itself: collective, idempotent here
     after = [p.detach().clone() for p in model.parameters()]
     copy_now = [t.clone() for t in opt.synced_copy]
     outer_state = len(opt.outer.state_dict()["state"])
@@ -306,18 +308,85 @@ def _start() -> list[torch.Tensor]:
     x, y = _batch(0, rt.rank())
     _loss(model, x, y).backward()
     opt.step()
+    assert not opt.same_start
     return [p.detach().clone() for p in model.parameters()]
 
 
-def _world() -> dict[str, Any]:
+def _elastic(directory: str) -> dict[str, Any]:
+    """rt.elastic.Resumable saves every 4 steps (mid-interval for H=3) with each rank's
+    local part; a fresh job resumes from step 8 and runs to 10 as the first did."""
+    import ringtrain as rt
+
+    def build(sub: str) -> tuple[torch.nn.Module, Any, Any, Any]:
+        model = _mlp()
+        opt = rt.DiLoCo(model, _adamw(list(model.parameters())), _nesterov(list(model.parameters())),
+                        sync_every=3)
+        loader = rt.data.Loader(_dataset(), batch_size=ROWS, shuffle=True, seed=1, num_workers=0)
+        return model, opt, loader, rt.elastic.Resumable(f"{directory}/{sub}", model=model, optimizer=opt,
+                                                        loader=loader, every=4)
+
+    def run(model: torch.nn.Module, opt: Any, loader: Any, state: Any, stop: int) -> None:
+        step = state.resume()
+        while step < stop:
+            loader.set_epoch(loader.state_dict()["epoch"])
+            for x, y in loader:
+                opt.zero_grad()
+                _loss(model, x, y).backward()
+                opt.step()
+                step += 1
+                state.step_done(step)
+                if step == stop:
+                    break
+
+    model, opt, loader, state = build("a")
+    run(model, opt, loader, state, 10)
+    straight = [p.detach().clone() for p in model.parameters()]
+    model, opt, loader, state = build("a")
+    run(model, opt, loader, state, 10)  # resumes at 8 (the newest checkpoint)
+    return {"straight": straight, "resumed": [p.detach().clone() for p in model.parameters()],
+            "from": state.start_step}
+
+
+def _horovod() -> dict[str, Any]:
+    """hvd.DiLoCo with hvd.Compression.fp16 in hvd.elastic.TorchState: commit, restore,
+    sync (a fixed-size job: rank 0's state to all, through hvd.broadcast_optimizer_state)."""
+    import ringtrain.horovod as hvd
+
+    hvd.init()
+    model = _mlp()
+    opt = hvd.DiLoCo(model, _adamw(list(model.parameters())), _nesterov(list(model.parameters())),
+                     sync_every=2, compression=hvd.Compression.fp16)
+    state = hvd.elastic.TorchState(model=model, optimizer=opt, epoch=0)
+
+    def step(i: int) -> None:
+        x, y = _batch(i, hvd.rank())
+        opt.zero_grad()
+        _loss(model, x, y).backward()
+        opt.step()
+
+    for i in range(3):
+        step(i)
+    state.commit()
+    committed = [p.detach().clone() for p in model.parameters()]
+    step(3)  # a sync: every rank's parameters change
+    state.restore()
+    restored = all(torch.equal(a, b) for a, b in zip(model.parameters(), committed, strict=True))
+    state.sync()
+    return {"restored": restored, "is_rt": hvd.DiLoCo.__module__,
+            "synced": _digest(torch.cat([p.detach().reshape(-1) for p in model.parameters()])),
+            "steps": opt.steps}
+
+
+def _world(directory: str) -> dict[str, Any]:
     torch.manual_seed(0)
     return {"train": {name: _train(cfg) for name, cfg in CONFIGS.items()}, "errors": _errors(),
-            "resume": _resume(), "join": _join(), "start": _start()}
+            "resume": _resume(), "join": _join(directory), "start": _start(),
+            "elastic": _elastic(directory), "horovod": _horovod()}
 
 
 @pytest.fixture(scope="module")
-def world() -> list[dict[str, Any]]:
-    return run_world(_world, N, timeout=150)
+def world(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+    return run_world(_world, N, str(tmp_path_factory.mktemp("lowcomm")), timeout=180)
 
 
 def _expected(name: str) -> list[list[torch.Tensor]]:
@@ -390,6 +459,8 @@ def test_the_first_step_gives_every_rank_rank_0s_parameters(world: list[dict[str
     start = _mlp()
     for res in world:
         assert all(torch.equal(a, b) for a, b in zip(res["start"], start.parameters(), strict=True))
+        # Ranks that start equal (the same seed) are only compared, not sent the model.
+        assert all(res["train"][name]["same_start"] for name in CONFIGS)
 
 
 def test_mismatched_settings_are_one_error_on_every_rank(world: list[dict[str, Any]]) -> None:
@@ -440,3 +511,20 @@ def test_a_joining_rank_starts_from_the_synced_copy_and_the_others_keep_their_st
     assert all(torch.equal(a, b) for a, b in zip(j[2]["after"], j[0]["copy"], strict=True))
     assert j[2]["outer_state"] == j[0]["outer_state"] > 0  # rank 0's Nesterov momentum
     assert len({x["final"] for x in j}) == 1  # one model again after the next sync
+
+
+def test_rt_elastic_saves_each_ranks_local_part_and_resumes_bit_exactly(world: list[dict[str, Any]]) -> None:
+    for res in world:
+        e = res["elastic"]
+        assert e["from"] == 8
+        assert all(torch.equal(a, b) for a, b in zip(e["straight"], e["resumed"], strict=True))
+    # step 10 is one local step after the sync at 9: the ranks differ, each resumed its own
+    assert not all(torch.equal(a, b) for a, b in zip(world[0]["elastic"]["straight"],
+                                                      world[2]["elastic"]["straight"], strict=True))
+
+
+def test_horovod_users_get_the_same_modes_and_elastic_state(world: list[dict[str, Any]]) -> None:
+    h = [res["horovod"] for res in world]
+    assert all(x["is_rt"] == "ringtrain.lowcomm.diloco" for x in h)
+    assert all(x["restored"] for x in h)  # restore() went back to the commit
+    assert len({x["synced"] for x in h}) == 1 and all(x["steps"] == 3 for x in h)  # sync(): rank 0's

@@ -14,6 +14,7 @@ exchange would pair with theirs and average unrelated parameters, or hang.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -22,7 +23,7 @@ import torch
 from ringtrain import collectives
 from ringtrain.errors import ConfigError, MismatchError
 
-__all__ = ["Entry", "agree", "check_count", "check_inner", "disagreement", "optimizer_settings"]
+__all__ = ["Entry", "agree", "check_count", "check_inner", "digest", "disagreement", "optimizer_settings"]
 
 #: (name, shape, dtype) of one synced tensor.
 Entry = tuple[str, tuple[int, ...], str]
@@ -77,15 +78,25 @@ def disagreement(mode: str, entries: Sequence[Sequence[Entry]],
     return None
 
 
-def agree(mode: str, entries: Sequence[Entry], settings: Mapping[str, str]) -> None:
+def agree(mode: str, entries: Sequence[Entry], settings: Mapping[str, str], extra: str = "") -> list[str]:
     """Compare this rank's settings and tensors with every other rank's (collective:
-    every rank calls it at its first step); raise MismatchError on every rank."""
-    mine = {"entries": [list(e) for e in entries], "settings": dict(settings)}
+    every rank calls it at its first step); raise MismatchError on every rank. Returns
+    every rank's ``extra`` (compared by the caller, e.g. a digest of the parameters)."""
+    mine = {"entries": [list(e) for e in entries], "settings": dict(settings), "extra": extra}
     table = collectives.allgather_object(mine, name=f"rt.{mode} settings (first step)")
     message = disagreement(mode, [[(e[0], tuple(e[1]), e[2]) for e in t["entries"]] for t in table],
                            [t["settings"] for t in table])
     if message:
         raise MismatchError(message)
+    return [str(t["extra"]) for t in table]
+
+
+def digest(tensors: Iterable[torch.Tensor]) -> str:
+    """A hash of the tensors' bytes (equal on two ranks only if every byte is)."""
+    h = hashlib.sha256()
+    for t in tensors:
+        h.update(t.detach().contiguous().reshape(-1).view(torch.uint8).cpu().numpy().tobytes())
+    return h.hexdigest()
 
 
 def check_inner(mode: str, optimizer: Any, model_params: Sequence[torch.nn.Parameter],

@@ -8,8 +8,8 @@ parameters (what every rank held after the last sync) minus its parameters now, 
 the ranks average it through :class:`ringtrain.fusion.FusedExchange`, the same fused
 buckets, strategies (``native``/``ring``/``ps``) and ``rt.Compression`` as
 ``DistributedOptimizer``. All buckets are launched before the first is waited for, so
-packing the later ones overlaps the exchange of the earlier ones, and writing back the
-earlier results overlaps the later ones' exchange. What each mode does with the average
+packing the later ones overlaps the exchange of the earlier ones (the exchange runs on
+the strategy's thread or in the backend). What each mode does with the average
 is its own (:meth:`PeriodicSync._apply`): LocalSGD sets the parameters to the synced
 copy minus it (the average of the ranks' parameters), DiLoCo hands it to its outer
 optimizer.
@@ -114,6 +114,9 @@ class PeriodicSync:
         #: The parameters every rank held after the last sync (None until the first step).
         self._copy: list[torch.Tensor] | None = None
         self._agreed = False
+        #: Whether every rank held the same parameters at the first step (then nothing was
+        #: broadcast: the agreement compared their digests).
+        self.same_start = False
         #: Steps taken (the schedule counts them; saved and restored with the state).
         self.steps = 0
         #: Syncs done in this process, and the bytes handed to the exchange for them.
@@ -194,12 +197,16 @@ class PeriodicSync:
     def _agree(self) -> None:
         entries = [(n, tuple(p.shape), str(p.dtype).replace("torch.", "")) for n, p in
                    zip(self._names, self._params, strict=True)]
-        checks.agree(self.mode, entries, self._settings())
+        start = "" if self._copy is not None else checks.digest(
+            [*self._params, *(b for _, b in self._buffers)])
+        self.same_start = len(set(checks.agree(self.mode, entries, self._settings(), start))) == 1
         self._agreed = True
 
     def _take_start(self) -> None:
-        """Every rank takes rank 0's parameters (and float buffers); they become the copy."""
-        if runtime.size() > 1:
+        """Every rank takes rank 0's parameters (and float buffers), unless every rank
+        already holds the same bytes (the first-step agreement compared their digests);
+        they become the synced copy."""
+        if runtime.size() > 1 and not self.same_start:
             replicate.broadcast_tensors_([*self._params, *(b for _, b in self._buffers)], 0,
                                          name=f"rt.{self.mode} start")
         with torch.no_grad():
