@@ -21,7 +21,8 @@ from typing import Any
 import torch
 
 from ringtrain import collectives
-from ringtrain.errors import ConfigError, MismatchError
+from ringtrain.agreement import group_ranks
+from ringtrain.errors import ConfigError, MismatchError, ranks_phrase
 
 __all__ = ["Entry", "agree", "check_count", "check_inner", "digest", "disagreement", "optimizer_settings"]
 
@@ -42,39 +43,30 @@ def optimizer_settings(opt: torch.optim.Optimizer) -> str:
     return f"{type(opt).__name__}{groups}"
 
 
-def _ranks(ranks: Iterable[int]) -> str:
-    rs = sorted(ranks)
-    shown = ", ".join(map(str, rs[:8])) + (f", ... ({len(rs)} ranks)" if len(rs) > 8 else "")
-    return ("rank " if len(rs) == 1 else "ranks ") + shown
-
-
 def disagreement(mode: str, entries: Sequence[Sequence[Entry]],
                  settings: Sequence[Mapping[str, str]]) -> str | None:
     """None when every rank's settings and tensors equal rank 0's, else the message
     (the same on every rank: it depends only on the gathered table)."""
     keys = list(dict.fromkeys(k for s in settings for k in s))
     for key in keys:
-        values: dict[str, list[int]] = {}
-        for r, s in enumerate(settings):
-            values.setdefault(s.get(key, "(not set)"), []).append(r)
-        if len(values) > 1:
-            listing = "; ".join(f"{v} on {_ranks(rs)}" for v, rs in
-                                sorted(values.items(), key=lambda item: item[1][0]))
+        values = [s.get(key, "(not set)") for s in settings]
+        groups = group_ranks(values)
+        if len(groups) > 1:
+            listing = "; ".join(f"{values[rs[0]]} on {ranks_phrase(rs)}" for rs in groups)
             return (f"rt.{mode}: {key} differs between ranks: {listing}. Every rank must pass "
                     f"the same {key}: ranks that disagree would sync at different steps or "
                     "average unrelated numbers")
-    ref = [tuple(e) for e in entries[0]]
-    for r, mine in enumerate(entries):
-        other = [tuple(e) for e in mine]
-        if other == ref:
-            continue
+    tables = [[tuple(e) for e in mine] for mine in entries]
+    groups = group_ranks(tables, key=tuple)
+    if len(groups) > 1:
+        ref, other = tables[0], tables[groups[1][0]]
         i = next((i for i, (a, b) in enumerate(zip(ref, other, strict=False)) if a != b),
                  min(len(ref), len(other)))
         a = ref[i] if i < len(ref) else "nothing (its list ends here)"
         b = other[i] if i < len(other) else "nothing (its list ends here)"
         return (f"rt.{mode}: the models differ between ranks: synced tensor #{i} is {a} on "
-                f"rank 0 but {b} on rank {r}. Every rank must build the same model (same "
-                "parameters, shapes, dtypes and order)")
+                f"{ranks_phrase(groups[0])} but {b} on {ranks_phrase(groups[1])}. Every rank must "
+                "build the same model (same parameters, shapes, dtypes and order)")
     return None
 
 

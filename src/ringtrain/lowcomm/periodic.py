@@ -34,6 +34,7 @@ from typing import Any, ClassVar
 import torch
 
 from ringtrain import claims, collectives, events, replicate, runtime, sync
+from ringtrain.agreement.signature import strategy_settings
 from ringtrain.collectives import Average
 from ringtrain.compression import Compression, Compressor
 from ringtrain.errors import ConfigError
@@ -186,7 +187,7 @@ class PeriodicSync:
 
     def _settings(self) -> dict[str, str]:
         """What every rank must pass alike (compared at the first step)."""
-        strategy = sync.signature.strategy_settings(self._strategy)
+        strategy = strategy_settings(self._strategy)
         return {
             "sync_every": str(self.sync_every), "fragments": str(self.fragments),
             "compression": self._compression.name, "strategy": " ".join(f"{k}={v}" for k, v in sorted(strategy.items())),
