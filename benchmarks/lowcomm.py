@@ -33,7 +33,8 @@ and ratios to ``sync``.
 
 The planner (ringtrain.plan.lowcomm, as `ringtrain plan --lowcomm` computes it) predicts
 each method's step from the link (the measured rate and round trip of the hosts) and
-the measured step without exchange (the mean local step of the diloco H=50 runs);
+the measured step without exchange (the mean local step of the periodic runs with the
+largest H: diloco H=50);
 the table compares it with the measured step (training time / steps).
 
 The JSON is a list of records (one per run, then a summary per method with
@@ -293,7 +294,11 @@ def summarize(records: list[dict[str, Any]], meta: dict[str, Any]) -> tuple[list
         vals = [v for v in values if v is not None]
         return statistics.median(vals) if vals and len(vals) == len(values) else None
 
-    local = [r["local_step_mean_s"] for r in by.get(("diloco", 50), []) if r["local_step_mean_s"]]
+    # The step without exchange: the mean local step of the periodic runs with the
+    # largest H (diloco H=50 in the full set), which sync least often.
+    periodic = sorted((k for k in keys if k[0] != "sync"), key=lambda k: (-k[1], k[0] != "diloco"))
+    source = periodic[0] if periodic else None
+    local = [r["local_step_mean_s"] for r in by.get(source, []) if r["local_step_mean_s"]] if source else []
     compute_s = statistics.median(local) if local else None
     predicted = predict(meta, compute_s, sorted({h for _, h in keys if h > 1})) if compute_s else {}
     summary = []
@@ -328,8 +333,8 @@ def summarize(records: list[dict[str, Any]], meta: dict[str, Any]) -> tuple[list
             + (f"{s['predicted_step_s'] * 1e3:>8.1f} {err:>+7.1%}" if err is not None else f"{'-':>8} {'-':>7}"))
     lines.append(f"(medians of {meta['rounds']} round(s); target loss {meta['target']}; {meta['steps']} steps "
                  f"x {meta['n']} ranks x {meta['batch_per_rank']} samples; planner: compute "
-                 + (f"{compute_s * 1e3:.1f} ms per step (mean local step of diloco H=50)" if compute_s
-                    else "unknown (no diloco H=50 run)") + ")")
+                 + (f"{compute_s * 1e3:.1f} ms per step (mean local step of {source[0]} H={source[1]})"
+                    if compute_s and source else "unknown (no periodic run)") + ")")
     return summary, "\n".join(lines)
 
 
