@@ -28,6 +28,10 @@ import pytest
 import torch
 from ringtest import run_world
 
+# Every test may be the one that starts the shared world (run_world's own limit is
+# 180 s): each gets room for it, not the suite's default.
+pytestmark = pytest.mark.timeout(200)
+
 N = 3
 ROWS = 4  # rows per rank per step
 # The MLP's four tensors ([16, 4], [16], [2, 16], [2]) split in two fragments by size:
@@ -403,7 +407,6 @@ def _expected(name: str) -> list[list[torch.Tensor]]:
     return workers
 
 
-@pytest.mark.timeout(200)
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_training_equals_the_one_process_reference(world: list[dict[str, Any]], name: str) -> None:
     expected = _expected(name)
@@ -422,7 +425,6 @@ def test_training_equals_the_one_process_reference(world: list[dict[str, Any]], 
     assert max((a - b).abs().max().item() for a, b in zip(alone[0], expected[0], strict=True)) > 10 * tol
 
 
-@pytest.mark.timeout(200)
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_ranks_are_bit_identical_after_every_sync_and_only_then(world: list[dict[str, Any]], name: str) -> None:
     _mode, _i, _o, h, f, steps, _s, _c = CONFIGS[name]
