@@ -121,7 +121,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = OneLineParser(
         prog="ringtrain plan",
         description="Predict data-parallel throughput, scaling efficiency and step breakdown.",
-        epilog=f"networks: {', '.join(LINKS)} (or a number of Gbit/s); intra-host: {', '.join(INTRA_LINKS)}",
+        epilog=f"networks: {', '.join(LINKS)} (or a number of Gbit/s, 25gbit, or Mbit/s, 100mbit); intra-host: {', '.join(INTRA_LINKS)}",
     )
     p.add_argument("--model", default="resnet50", help=f"{', '.join(MODELS)} or custom (default resnet50)")
     p.add_argument("--params", help="custom: parameter count, e.g. 300M")

@@ -116,7 +116,7 @@ def _custom(value: str, flag: str) -> Link | None:
 
 
 def link(name: str) -> Link:
-    """The inter-host link called ``name`` (a preset, or a number of Gbit/s over TCP)."""
+    """The inter-host link called ``name`` (a preset, or a number of Gbit/s or Mbit/s over TCP: ``25gbit``, ``100mbit``)."""
     return _custom(name, "--network") or _lookup(LINKS, name, "--network")
 
 
