@@ -71,6 +71,13 @@ def test_a_differing_model_names_the_first_tensor() -> None:
     assert msg is not None and "tensor #1" in msg and "(3,)" in msg and "rank 1" in msg
 
 
+def test_a_differing_model_names_the_ranks_on_each_side() -> None:
+    a = [("w", (2, 2), "float32")]
+    b = [("w", (2, 2), "float16")]
+    msg = checks.disagreement("LocalSGD", [a, b, a, b], [{}] * 4)
+    assert msg is not None and "float32') on ranks 0, 2 but" in msg and "float16') on ranks 1, 3" in msg
+
+
 @pytest.mark.parametrize("value", [0, -1, 1.5, True, "3", None])
 def test_counts_must_be_whole_numbers_of_at_least_one(value: object) -> None:
     with pytest.raises(ConfigError, match=r"rt.DiLoCo: sync_every must be a whole number >= 1"):
