@@ -36,6 +36,8 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
         "allgather_object",
     )},
     "DistributedOptimizer": ("ringtrain.optimizer", "DistributedOptimizer"),
+    "LocalSGD": ("ringtrain.lowcomm", "LocalSGD"),
+    "DiLoCo": ("ringtrain.lowcomm", "DiLoCo"),
     "Compression": ("ringtrain.compression", "Compression"),
     "broadcast_parameters": ("ringtrain.replicate", "broadcast_parameters"),
     "broadcast_optimizer_state": ("ringtrain.replicate", "broadcast_optimizer_state"),
@@ -89,6 +91,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
         synchronize,
     )
     from ringtrain.compression import Compression
+    from ringtrain.lowcomm import DiLoCo, LocalSGD
     from ringtrain.optimizer import DistributedOptimizer
     from ringtrain.parallel import parallelize
     from ringtrain.replicate import broadcast_optimizer_state, broadcast_parameters

@@ -53,13 +53,13 @@ from typing import Any
 
 import torch
 
-from ringtrain import collectives, events, runtime, sync
+from ringtrain import claims, collectives, events, runtime, sync
 from ringtrain.collectives import Average, Max, ReduceOp
 from ringtrain.compression import Compression, Compressor
 from ringtrain.errors import ConfigError, OptimizerUsageError
 from ringtrain.fusion import Bucket, FusedExchange
 
-__all__ = ["DistributedOptimizer"]
+__all__ = ["DistributedOptimizer", "owner_of"]
 
 _CLASSES: dict[type, type] = {}
 
@@ -141,6 +141,15 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self.strategy = strategy if isinstance(strategy, str) else type(strategy).__name__
 
         params, names = self._collect(named_parameters)
+        periodic = [(n, claims.holder(p)) for n, p in zip(names, params, strict=True)
+                    if claims.holder(p) is not None]
+        if periodic:
+            name, holder = periodic[0]
+            raise ConfigError(
+                f"{len(periodic)} of these parameters (first {name!r}) are synced by a live "
+                f"rt.{type(holder).__name__}, which exchanges them every sync_every steps; a "
+                "DistributedOptimizer would exchange their gradients after every backward as well. "
+                "Use one exchange mode per parameter: drop the periodic one (del it) first")
         self._params = params
         self._names = names
         mb = fusion_mb if fusion_mb is not None else runtime.settings().fusion_mb
@@ -611,6 +620,11 @@ def _check_passes(passes: Any) -> None:
 #: The newest DistributedOptimizer over each parameter, by id (see __init__; a
 #: WeakKeyDictionary would compare tensors with ==).
 _OWNER: dict[int, tuple[weakref.ref[torch.Tensor], weakref.ref[DistributedOptimizer]]] = {}
+
+
+def owner_of(param: torch.Tensor) -> DistributedOptimizer | None:
+    """The live DistributedOptimizer exchanging ``param``'s gradient, or None."""
+    return _owner(param)
 
 
 def _owner(param: torch.Tensor) -> DistributedOptimizer | None:

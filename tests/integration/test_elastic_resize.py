@@ -79,6 +79,30 @@ def test_rt_elastic_job_shrinks_in_place_and_the_loader_resplits_the_epoch(
     assert_no_orphans(marker)
 
 
+@pytest.mark.system  # a third resizable job; the hook's semantics are in test_lowcomm.py
+@pytest.mark.timeout(240)
+def test_diloco_job_shrinks_in_place_and_syncs_one_model(tmp_path: Path) -> None:
+    """rt.DiLoCo (sync_every=4) in the same script: rank 1 dies mid-interval (step 10, two
+    steps after the sync at 8); the survivors go on from their last commit, keeping their
+    local steps (test_lowcomm.py checks that part bit for bit), every sample is trained
+    on once, and the final sync leaves one model on both ranks."""
+    marker = new_marker()
+    out = tmp_path / "out.json"
+    res = subprocess.run(
+        [RINGRUN, "-H", "localhost:3", "--min-np", "2", "--max-np", "3", "python",
+         str(SCRIPTS / "rt_elastic_resize.py"), str(out), str(tmp_path / "ckpt"), "--diloco", "4"],
+        capture_output=True, text=True, timeout=220, env=env_for(marker, RESIZE_KILL="1:10"))
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert "world 1 formed: 2 rank(s)" in res.stderr
+    got = json.loads(out.read_text())
+    assert got["sizes"] == [3, 2] and got["size"] == 2
+    _exactly_once(got["seen"], 96, 3)
+    assert got["steps"] == 8 + 2 + 9 + 12
+    assert len(got["digests"]) == 2 and len(set(got["digests"])) == 1
+    assert got["syncs"] >= (9 + 12) // 4  # it kept syncing in the smaller world
+    assert_no_orphans(marker)
+
+
 @pytest.mark.timeout(180)
 def test_fewer_ranks_than_min_np_end_the_job(tmp_path: Path) -> None:
     marker = new_marker()

@@ -152,14 +152,17 @@ def hosts_updated() -> bool:
     return int(newest) > world_version()
 
 
-def follow_world(optimizer: Any) -> None:
-    """Bring a ``DistributedOptimizer`` to the current world after a resize: its averaging
+def follow_world(optimizer: Any) -> bool:
+    """Bring an optimizer to the current world after a resize (collective): its
+    ``world_changed()`` hook, when it has one. ``DistributedOptimizer``: its averaging
     divides by the new size, an interrupted step is forgotten, and the first-step
     agreements (layout check, sparse parameters) run again on every rank, as they do on
-    the ranks that just started."""
+    the ranks that just started. True when the hook brought the model to the new world
+    itself (``rt.LocalSGD``/``rt.DiLoCo``: a joining rank takes the synced copy, the
+    others keep their local steps): the caller must then not broadcast rank 0's
+    parameters and optimizer state over them."""
     changed = getattr(optimizer, "world_changed", None)
-    if callable(changed):
-        changed()  # ringtrain's DistributedOptimizer; any other caches nothing of the world
+    return callable(changed) and changed() is True
 
 
 class _Reformer:

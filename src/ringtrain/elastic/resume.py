@@ -60,6 +60,20 @@ def _set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
+def _local_state(optimizer: Any) -> Any:
+    """What only this rank's optimizer holds (``rt.LocalSGD``/``rt.DiLoCo`` between syncs:
+    its parameters and inner state), saved per rank with the loader's position; None for
+    other optimizers."""
+    local = getattr(optimizer, "local_state_dict", None)
+    return local() if callable(local) else None
+
+
+def _load_local_state(optimizer: Any, state: Any) -> None:
+    load = getattr(optimizer, "load_local_state_dict", None)
+    if callable(load):
+        load(state)
+
+
 class Resumable(ElasticState):
     """Saves the training state every ``every`` steps and restores the newest on start.
 
@@ -132,6 +146,8 @@ class Resumable(ElasticState):
             log.warning("checkpoint %s was written by %d ranks, this job has %d: loader positions "
                         "come from rank 0 and random generators are not restored",
                         path, len(per_rank), size)
+        if self.optimizer is not None:
+            _load_local_state(self.optimizer, (mine or {}).get("optimizer"))
         if self.loader is not None:
             loader_state = (mine or per_rank[0])["loader"] if per_rank else None
             if loader_state is not None:
@@ -176,10 +192,10 @@ class Resumable(ElasticState):
 
     def sync(self) -> None:
         """Every rank takes rank 0's state (collective; after the job changed size)."""
-        if self.optimizer is not None:
-            follow_world(self.optimizer)
+        own = self.optimizer is not None and follow_world(self.optimizer)
         if runtime.size() > 1:
-            replicate.broadcast_parameters(self.model.state_dict(), root_rank=0)
+            if not own:
+                replicate.broadcast_parameters(self.model.state_dict(), root_rank=0)
             if isinstance(self.optimizer, torch.optim.Optimizer):
                 replicate.broadcast_optimizer_state(self.optimizer, root_rank=0)
             mine = {"step": self.step, "extra": self.extra,
@@ -199,6 +215,7 @@ class Resumable(ElasticState):
         mine = {
             "rng": _rng_state(),
             "loader": self.loader.state_dict() if self.loader is not None else None,
+            "optimizer": _local_state(self.optimizer),
         }
         per_rank = collectives.allgather_object(mine, name="elastic.save") if size > 1 else [mine]
         if rank != 0:

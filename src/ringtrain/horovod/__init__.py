@@ -4,7 +4,9 @@ Horovod's names, signatures, defaults and semantics on ``torch.distributed``: na
 negotiated collectives in any order (:mod:`ringtrain.horovod._coordinator`), process sets,
 ``join``, differentiable ops, Adasum, ``DistributedOptimizer`` on ringtrain's fused
 exchange, ``SyncBatchNorm``, the timeline and ``hvd.elastic``. docs/migrate.md lists
-what differs.
+what differs. Beyond Horovod: ``hvd.LocalSGD`` and ``hvd.DiLoCo`` are ringtrain's
+periodic exchange modes (``rt.LocalSGD``, ``rt.DiLoCo``; docs/lowcomm.md), over the
+whole world.
 """
 
 from __future__ import annotations
@@ -87,9 +89,10 @@ from ringtrain.horovod.ops import (
 from ringtrain.horovod.optimizer import DistributedOptimizer
 from ringtrain.horovod.process_sets import add_process_set, remove_process_set
 from ringtrain.horovod.sync_batch_norm import SyncBatchNorm
+from ringtrain.lowcomm import DiLoCo, LocalSGD
 
 __all__ = [
-    "Adasum", "Average", "Compression", "DistributedOptimizer", "HorovodInternalError",
+    "Adasum", "Average", "Compression", "DiLoCo", "DistributedOptimizer", "HorovodInternalError",
     "HostsUpdatedInterrupt", "Max", "Min", "ProcessSet", "Product", "Sum", "SyncBatchNorm",
     "add_process_set", "allgather", "allgather_async", "allgather_object", "allreduce", "allreduce_",
     "allreduce_async", "allreduce_async_", "alltoall", "alltoall_async", "barrier", "broadcast",
@@ -98,7 +101,7 @@ __all__ = [
     "cuda_built", "ddl_built", "elastic", "gloo_built", "gloo_enabled", "global_process_set",
     "grouped_allgather", "grouped_allgather_async", "grouped_allreduce", "grouped_allreduce_",
     "grouped_allreduce_async", "grouped_allreduce_async_", "grouped_reducescatter",
-    "grouped_reducescatter_async", "init", "is_homogeneous", "is_initialized", "join", "local_rank",
+    "grouped_reducescatter_async", "init", "is_homogeneous", "is_initialized", "join", "LocalSGD", "local_rank",
     "local_size", "mpi_built", "mpi_enabled", "mpi_threads_supported", "nccl_built", "poll", "rank",
     "reducescatter", "reducescatter_async", "remove_process_set", "rocm_built", "shutdown", "size",
     "sparse_allreduce_async", "start_timeline", "stop_timeline", "synchronize",

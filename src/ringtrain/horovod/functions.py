@@ -95,6 +95,9 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int, 
     from ringtrain.optimizer import DistributedOptimizer as _Core
 
     inner = optimizer.wrapped if isinstance(optimizer, _Core) else optimizer
+    if not isinstance(inner, torch.optim.Optimizer):  # hvd.DiLoCo / hvd.LocalSGD: root's state as is
+        replicate.broadcast_optimizer_state(inner, root_rank)
+        return
     if not inner.state_dict()["state"]:
         sparse = {id(p) for m in (model.modules() if model is not None else ())
                   if isinstance(m, torch.nn.Embedding) and m.sparse for p in m.parameters()}

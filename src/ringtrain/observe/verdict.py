@@ -28,7 +28,7 @@ from typing import Any
 
 from ringtrain.pipeline_bubble import bubble_fraction
 
-__all__ = ["BOUND_SHARE", "RankView", "Diagnosis", "diagnose", "render", "rank_view"]
+__all__ = ["BOUND_SHARE", "LOWCOMM_SHARE", "RankView", "Diagnosis", "diagnose", "render", "rank_view"]
 
 #: A blocker that takes this share of the step or more is worth fixing first: the
 #: device idles for it on every step (and 10% is about what scaling studies lose to
@@ -40,6 +40,13 @@ _COPY_SHARE = 0.05
 # Headroom over the measured demand when sizing a worker pool, so the queue absorbs
 # batches that take longer than average.
 _WORKER_HEADROOM = 1.2
+#: An exchange above this share of the step is worth exchanging less often: rt.DiLoCo
+#: (or rt.LocalSGD) every H steps can then make steps up to 1/(1 - share) faster, more
+#: than the convergence it costs (docs/lowcomm.md; `ringtrain plan --lowcomm` says the same).
+LOWCOMM_SHARE = 0.5
+# The H the advice proposes: the smallest of these whose exchange is at most a tenth of
+# the compute (as ringtrain.plan.lowcomm.recommend chooses).
+_SYNC_EVERY = (2, 5, 10, 20, 50, 100, 200, 500, 1000)
 _MB = 1024 * 1024
 
 
@@ -175,8 +182,24 @@ def _input_advice(r: RankView) -> list[str]:
     return advice
 
 
+def _lowcomm_advice(r: RankView) -> list[str]:
+    """Exchanging every H steps (rt.DiLoCo / rt.LocalSGD) when the exchange is most of the step."""
+    if r.exchange_share <= LOWCOMM_SHARE:
+        return []
+    exposed = r.step_s * r.exchange_share
+    rest = max(r.step_s - exposed, 1e-9)
+    h = next((h for h in _SYNC_EVERY if exposed / h <= 0.1 * rest), _SYNC_EVERY[-1])
+    step = rest + exposed / h
+    return [
+        f"the exchange is {_pct(r.exchange_share)} of the step, more than half: exchange every H "
+        f"steps instead of every step with rt.DiLoCo(model, inner_opt, outer_opt, sync_every={h}) "
+        f"(or rt.LocalSGD): a step would take ~{_ms(step)} instead of {_ms(r.step_s)} "
+        f"({r.step_s / step:.1f}x) with {h}x fewer bytes, at a cost in convergence: compare the "
+        "loss after the same samples (docs/lowcomm.md; `ringtrain plan --lowcomm` predicts each H)."]
+
+
 def _exchange_advice(r: RankView, worst_wait_rank: RankView) -> list[str]:
-    advice: list[str] = []
+    advice: list[str] = _lowcomm_advice(r)
     mb = r.bytes_per_step / _MB
     exposed = r.step_s * r.exchange_share
     advice.append(

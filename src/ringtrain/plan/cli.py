@@ -7,6 +7,8 @@ Examples::
     ringtrain plan --model custom --params 300M --step-ms 370 --gpus 8,40 --gpus-per-host 8
     ringtrain plan --model custom --params 300M --layers 1 --step-ms 370   # no overlap at all
     ringtrain plan --model custom --module torchvision.models:resnet18 --input-shape 3,224,224 --step-ms 60
+    ringtrain plan --lowcomm --model custom --params 1.2M --step-ms 60 --gpus 4 --gpus-per-host 1 \
+        --network 100mbit --rtt-ms 2.5   # per-step exchange vs rt.LocalSGD / rt.DiLoCo every H steps
     ringtrain plan --validate        # the published results and the planner's predictions
     ringtrain plan --calibrate       # fit alpha and B of loopback Gloo, check a real step
     ringrun -np 4 -H a,b,c,d ringtrain plan --calibrate   # the same on the job's own network
@@ -34,7 +36,7 @@ from ringtrain.errors import ConfigError, RingtrainError
 from ringtrain.plan.cost import STRATEGIES, check_strategy
 from ringtrain.plan.layers import DEFAULT_CUSTOM_LAYERS, Layer, from_module, from_param_count
 from ringtrain.plan.models import MODELS, canonical_model, model_layers, step_time
-from ringtrain.plan.network import INTRA_LINKS, LINKS, Topology, intra_link, link
+from ringtrain.plan.network import INTRA_LINKS, LINKS, Topology, intra_link, link, with_rtt
 from ringtrain.plan.parallelism import (
     LayoutChoice,
     ModelSpec,
@@ -119,7 +121,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = OneLineParser(
         prog="ringtrain plan",
         description="Predict data-parallel throughput, scaling efficiency and step breakdown.",
-        epilog=f"networks: {', '.join(LINKS)} (or a number of Gbit/s); intra-host: {', '.join(INTRA_LINKS)}",
+        epilog=f"networks: {', '.join(LINKS)} (or a number of Gbit/s, 25gbit, or Mbit/s, 100mbit); intra-host: {', '.join(INTRA_LINKS)}",
     )
     p.add_argument("--model", default="resnet50", help=f"{', '.join(MODELS)} or custom (default resnet50)")
     p.add_argument("--params", help="custom: parameter count, e.g. 300M")
@@ -156,6 +158,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--calibrate", action="store_true",
                    help="fit alpha and B of loopback Gloo and check a real 2- and 4-process step; "
                         "run as the ranks of a job (ringrun, torchrun, srun), of the job's network")
+    p.add_argument("--rtt-ms", type=float,
+                   help="round trip between hosts in ms: every message pays it (a slow link's delay)")
+    lc = p.add_argument_group("exchanging every H steps (--lowcomm)")
+    lc.add_argument("--lowcomm", action="store_true",
+                    help="per-step exchange vs rt.LocalSGD / rt.DiLoCo: step cost of each, and where "
+                         "exchanging every H steps pays")
+    lc.add_argument("--sync-every", default="10,50", help="values of H to show (default 10,50)")
+    lc.add_argument("--fragments", type=int, default=1, help="DiLoCo fragments (default 1)")
     g = p.add_argument_group("model parallelism (--parallel)")
     g.add_argument("--parallel", action="store_true",
                    help="plan pipeline x tensor x data layouts: per-rank memory, step time, "
@@ -240,7 +250,9 @@ def build_scenario(args: argparse.Namespace) -> tuple[Scenario, str, str]:
         if args.bucket_mb < 0:
             raise ConfigError(f"--bucket-mb must be >= 0, got {args.bucket_mb}")
         framework = replace(framework, bucket_bytes=args.bucket_mb * 2**20)
-    topo = Topology(args.gpus_per_host, intra_link(args.intra), link(args.network))
+    inter = link(args.network)
+    topo = Topology(args.gpus_per_host, intra_link(args.intra),
+                    inter if args.rtt_ms is None else with_rtt(inter, args.rtt_ms))
     sc = Scenario(
         tuple(layers), compute, topo, "ring", framework,
         wire_bytes=2 if args.compression == "fp16" else 4, ps_shards=args.ps_shards,
@@ -278,6 +290,36 @@ def _plan(args: argparse.Namespace) -> str:
         text.append(f"wrote {path}")
     if args.json:
         _write_json(args.json, scaling_json(results, sc))
+        text.append(f"wrote {args.json}")
+    return "\n\n".join(text)
+
+
+def _plan_lowcomm(args: argparse.Namespace) -> str:
+    from ringtrain.plan.lowcomm import format_modes, mode_costs, recommend
+
+    sc, name, source = build_scenario(args)
+    if args.strategy not in ("ring", "hd", "hierarchical"):
+        raise ConfigError(f"--lowcomm compares allreduce exchanges: --strategy ring, hd or hierarchical, "
+                          f"got {args.strategy!r}")
+    sc = replace(sc, strategy=args.strategy, framework=replace(FRAMEWORKS["ddp"], per_tensor_s=0.0)
+                 if args.framework == "horovod" else sc.framework)
+    try:
+        hs = [int(h) for h in args.sync_every.split(",") if h.strip()]
+    except ValueError:
+        raise ConfigError(f"--sync-every {args.sync_every!r}: give whole numbers, e.g. 10,50") from None
+    if not hs:
+        raise ConfigError("--sync-every is empty; give whole numbers, e.g. 10,50")
+    counts = parse_gpus(args.gpus)
+    text = [format_header(sc, name, source)]
+    rows = []
+    for n in counts:
+        costs = mode_costs(sc, n, hs, args.fragments)
+        advice = recommend(sc, n)
+        text.append(format_modes(costs, advice))
+        rows += [{**c.__dict__, "exchange_share": c.exchange_share, "pays": advice.pays,
+                  "recommended_sync_every": advice.sync_every} for c in costs]
+    if args.json:
+        _write_json(args.json, rows)
         text.append(f"wrote {args.json}")
     return "\n\n".join(text)
 
@@ -406,6 +448,8 @@ def main(argv: list[str] | None = None) -> int:
         args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
         if args.parallel:
             out = _plan_parallel(args)
+        elif args.lowcomm:
+            out = _plan_lowcomm(args)
         elif args.validate:
             out = _validate()
         elif args.calibrate:

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from ringtrain.errors import ConfigError
 
-__all__ = ["Link", "Topology", "LINKS", "INTRA_LINKS", "link", "intra_link"]
+__all__ = ["Link", "Topology", "LINKS", "INTRA_LINKS", "link", "intra_link", "with_rtt"]
 
 _GBIT = 1e9 / 8  # bytes per second in one Gbit/s
 
@@ -57,8 +57,9 @@ class Link:
 
 def _eth(gbit: float, *, rdma: bool = False) -> Link:
     kind = "RoCE" if rdma else "TCP"
+    name = f"{gbit:g}gbit" if gbit >= 1 else f"{gbit * 1e3:g}mbit"
     return Link(
-        f"{gbit:g}gbit" + ("-roce" if rdma else ""), gbit * _GBIT,
+        name + ("-roce" if rdma else ""), gbit * _GBIT,
         0.90 if rdma else 0.80, 5e-6 if rdma else 30e-6, f"{gbit:g} Gbit/s Ethernet, {kind}",
     )
 
@@ -73,6 +74,9 @@ LINKS: dict[str, Link] = {
     "ib-hdr": Link("ib-hdr", 200 * _GBIT, 0.90, 5e-6, "HDR InfiniBand, 200 Gbit/s"),
     # DGX-1 hosts have four EDR ports; NCCL drives them as four parallel rings.
     "4x-ib-edr": Link("4x-ib-edr", 400 * _GBIT, 0.90, 5e-6, "4 x EDR InfiniBand per host (DGX-1)"),
+    # Gloo between processes of one host over 127.0.0.1, as `ringtrain plan --calibrate`
+    # fitted it on the 2-core CI machine (docs/plan.md: alpha 149-199 us, B 1.0-1.75 GB/s).
+    "loopback": Link("loopback", 1.1e9, 1.0, 190e-6, "Gloo over 127.0.0.1 on one host (fitted)"),
 }
 
 #: Links inside one host by the name the CLI takes (``--intra``).
@@ -99,19 +103,32 @@ def _lookup(table: dict[str, Link], name: str, flag: str) -> Link:
 
 
 def _custom(value: str, flag: str) -> Link | None:
-    text = value.strip().lower().removesuffix("gbit")
+    text = value.strip().lower()
+    scale = 1e-3 if text.endswith("mbit") else 1.0  # "100mbit": a slow link between sites
+    text = text.removesuffix("mbit").removesuffix("gbit")
     try:
-        gbit = float(text)
+        gbit = float(text) * scale
     except ValueError:
         return None
     if gbit <= 0:
-        raise ConfigError(f"{flag} must be a positive number of Gbit/s, got {value!r}")
+        raise ConfigError(f"{flag} must be a positive number of Gbit/s (or Mbit/s: 100mbit), got {value!r}")
     return _eth(gbit)
 
 
 def link(name: str) -> Link:
-    """The inter-host link called ``name`` (a preset, or a number of Gbit/s over TCP)."""
+    """The inter-host link called ``name`` (a preset, or a number of Gbit/s or Mbit/s over TCP: ``25gbit``, ``100mbit``)."""
     return _custom(name, "--network") or _lookup(LINKS, name, "--network")
+
+
+def with_rtt(lk: Link, rtt_ms: float) -> Link:
+    """``lk`` with a per-message start-up of one round trip of ``rtt_ms``: a link with a
+    fixed delay (another rack or site) pays it on every message, and Gloo's sender waits
+    for the receiver's ready note first (a round trip; on tc-shaped links with 1 ms each
+    way `ringtrain plan --calibrate` fitted alpha 2.0-2.4 ms, docs/plan.md)."""
+    if not rtt_ms >= 0:
+        raise ConfigError(f"--rtt-ms must be >= 0, got {rtt_ms}")
+    return Link(f"{lk.name}+{rtt_ms:g}ms", lk.line_rate, lk.efficiency, max(lk.alpha_s, rtt_ms / 1e3),
+                f"{lk.note}, {rtt_ms:g} ms round trip")
 
 
 def intra_link(name: str) -> Link:

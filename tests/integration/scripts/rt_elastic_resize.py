@@ -8,12 +8,15 @@ of every epoch must be trained on exactly once. Rank 0 writes OUT (JSON): each e
 processed ids (gathered every step, committed with the state), the sizes it ran at and
 the learning rates the reset callback set. ``--sharded`` reads the same samples as a
 sharded dataset (7 uneven shards), so the loader splits shards across ranks and the rest
-of an epoch is re-cut for the smaller world (a new stage, see ShardPlan).
+of an epoch is re-cut for the smaller world (a new stage, see ShardPlan). ``--diloco H``
+trains with rt.DiLoCo syncing every H steps instead of DistributedOptimizer; at the end
+every rank syncs once more and OUT also holds each rank's parameter digest.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import signal
@@ -29,6 +32,7 @@ parser.add_argument("out")
 parser.add_argument("ckpt")
 parser.add_argument("--epochs", type=int, default=3)
 parser.add_argument("--sharded", action="store_true")
+parser.add_argument("--diloco", type=int, help="rt.DiLoCo with this sync_every")
 args = parser.parse_args()
 kill_rank, _, kill_step = os.environ.get("RESIZE_KILL", "-1:-1").partition(":")
 BASE_LR = 0.02
@@ -43,8 +47,13 @@ if args.sharded:
     dataset = rt.data.StreamShards([range(a, b) for a, b in zip(bounds, bounds[1:], strict=False)],
                                    lambda ids: ((i, data[i], target[i]) for i in ids))
 model = torch.nn.Linear(5, 1)
-opt = rt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=BASE_LR * rt.size()),
-                              named_parameters=model.named_parameters())
+if args.diloco:
+    opt = rt.DiLoCo(model, torch.optim.SGD(model.parameters(), lr=BASE_LR * rt.size()),
+                    torch.optim.SGD(model.parameters(), lr=0.7, momentum=0.9, nesterov=True),
+                    sync_every=args.diloco)
+else:
+    opt = rt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=BASE_LR * rt.size()),
+                                  named_parameters=model.named_parameters())
 loader = rt.data.Loader(dataset, batch_size=4, shuffle=True, seed=1, num_workers=0)
 state = elastic.Resumable(args.ckpt, model=model, optimizer=opt, loader=loader, every=1000,
                           extra={"seen": {}, "sizes": [], "lrs": []})
@@ -75,8 +84,14 @@ def train(state: elastic.Resumable) -> None:
 
 
 train(state)
+digests = []
+if args.diloco:
+    opt.sync()  # one model on every rank
+    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    digests = rt.allgather_object(hashlib.sha256(flat.numpy().tobytes()).hexdigest())
 if rt.rank() == 0:
     Path(args.out).write_text(json.dumps({"seen": {str(k): v for k, v in state.extra["seen"].items()},
                                           "sizes": state.extra["sizes"], "lrs": state.extra["lrs"],
-                                          "steps": state.step, "size": rt.size()}))
+                                          "steps": state.step, "size": rt.size(), "digests": digests,
+                                          "syncs": getattr(opt, "syncs", None)}))
 rt.shutdown()

@@ -19,7 +19,7 @@ LAYERS = ["launch", "runtime", "collectives", "sync", "optimizer", "data", "obse
           "checkpoint", "parallel", "elastic", "facades"]
 _LAYER_OF = {
     "launch": "launch", "runtime": "runtime", "collectives": "collectives", "agreement": "collectives",
-    "sync": "sync", "optimizer": "optimizer", "fusion": "optimizer",
+    "sync": "sync", "optimizer": "optimizer", "fusion": "optimizer", "lowcomm": "optimizer",
     "replicate": "optimizer", "schedule": "optimizer", "data": "data", "observe": "observe",
     "checkpoint": "checkpoint", "elastic": "elastic",
     "parallel": "parallel",
@@ -27,7 +27,7 @@ _LAYER_OF = {
 }
 # Imported by anything: they import no other layer.
 LEAVES = {"errors", "settings", "env", "events", "sockets", "compression", "pipeline_bubble", "signing", "inflight",
-          "argparsing", "cpus", "addresses", "assignment", "sever", "peer_failure", "processes"}
+          "argparsing", "cpus", "addresses", "assignment", "sever", "peer_failure", "processes", "claims"}
 # Not layers: the composition root (sets the hooks) and the tools built on everything.
 TOOLS = {"wiring", "cli", "plan", "__init__"}
 

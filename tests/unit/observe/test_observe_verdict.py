@@ -84,6 +84,22 @@ def test_exchange_bound_advice_carries_the_numbers() -> None:
     assert not any("fusion_mb" in a for a in single.advice)
 
 
+def test_an_exchange_over_half_the_step_names_diloco_with_an_h() -> None:
+    # 0.8 s steps, 70% exchange: 560 ms exchange over 240 ms of the rest; the smallest H
+    # whose 560 / H ms is at most 24 ms is 50 -> 240 + 11.2 = 251.2 ms per step.
+    d = diagnose([report(step=0.8, xwait=0.7, update=0.01, nbytes=4.8 * 2**20, buckets=1, hidden=0.05)])
+    assert d.verdict == "exchange-bound"
+    first = d.advice[0]
+    assert "rt.DiLoCo(model, inner_opt, outer_opt, sync_every=50)" in first
+    assert "~251.2 ms instead of 800.0 ms (3.2x)" in first and "50x fewer bytes" in first
+    assert "convergence" in first and "docs/lowcomm.md" in first
+    # Exactly half, or less, is left to the per-step advice.
+    for share in (0.5, 0.3):
+        d = diagnose([report(step=0.8, xwait=share, nbytes=4.8 * 2**20, buckets=1, hidden=0.05)])
+        assert d.verdict == "exchange-bound"
+        assert not any("DiLoCo" in a for a in d.advice)
+
+
 def test_many_small_buckets_suggest_larger_fusion() -> None:
     d = diagnose([report(xwait=0.3, nbytes=40 * 2**20, buckets=8, hidden=0.5, fusion_mb=5)])
     assert any("raise fusion_mb from 5 to 10" in a for a in d.advice)

@@ -196,11 +196,13 @@ class TorchState(ObjectState):
         )
 
         resized = elastic.resizable()
-        if resized and self.optimizer is not None:
-            elastic.follow_world(self.optimizer)  # averaging over the new size, a clean step
-        if self.model is not None:
+        # Averaging over the new size, a clean step; hvd.DiLoCo / hvd.LocalSGD bring the
+        # model over themselves (a joining rank takes the synced copy, the others keep
+        # their local steps), so rank 0's parameters must not overwrite theirs.
+        own = resized and self.optimizer is not None and elastic.follow_world(self.optimizer)
+        if self.model is not None and not own:
             broadcast_parameters(self.model.state_dict(), root_rank=0)
-        if self.optimizer is not None:
+        if self.optimizer is not None and not own:
             broadcast_optimizer_state(self.optimizer, root_rank=0)
         for key, sampler in self._samplers.items():
             if resized:

@@ -1,0 +1,409 @@
+"""The engine under ``rt.LocalSGD`` and ``rt.DiLoCo``: local steps, and every
+``sync_every``-th step an exchange of how far each rank moved.
+
+Every ``step()`` runs the local (inner) optimizer on this rank's gradients alone; no
+gradient leaves the rank. Every ``sync_every``-th step (per fragment, see
+:mod:`.fragments`) each rank computes its *outer gradient*, the synced copy of the
+parameters (what every rank held after the last sync) minus its parameters now, and
+the ranks average it through :class:`ringtrain.fusion.FusedExchange`, the same fused
+buckets, strategies (``native``/``ring``/``ps``) and ``rt.Compression`` as
+``DistributedOptimizer``. All buckets are launched before the first is waited for, so
+packing the later ones overlaps the exchange of the earlier ones (the exchange runs on
+the strategy's thread or in the backend). What each mode does with the average
+is its own (:meth:`PeriodicSync._apply`): LocalSGD sets the parameters to the synced
+copy minus it (the average of the ranks' parameters), DiLoCo hands it to its outer
+optimizer.
+
+Every rank starts the sync from the same synced copy and receives the same averaged
+bytes (each strategy computes each sum once and sends it to all), and the update is
+deterministic, so ranks hold bit-identical parameters after every sync. The synced copy
+is taken at the first ``step()``, after every rank has taken rank 0's parameters (as
+DDP's constructor does), so a script that forgets ``rt.broadcast_parameters`` still
+trains one model.
+
+Costs: one copy of the synced parameters, the fused buffers (the size of the
+synced parameters on the wire), and for DiLoCo the outer optimizer's state.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from typing import Any, ClassVar
+
+import torch
+
+from ringtrain import claims, collectives, events, replicate, runtime, sync
+from ringtrain.agreement.signature import strategy_settings
+from ringtrain.collectives import Average
+from ringtrain.compression import Compression, Compressor
+from ringtrain.errors import ConfigError
+from ringtrain.fusion import Bucket, FusedExchange
+from ringtrain.lowcomm import checks, fragments
+from ringtrain.optimizer import owner_of
+
+__all__ = ["PeriodicSync"]
+
+
+class PeriodicSync:
+    """Base of the periodic modes; see the module doc. Subclasses set :attr:`mode` and
+    implement :meth:`_apply` (and may extend the state and the agreement)."""
+
+    mode: ClassVar[str] = ""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        synced: list[torch.nn.Parameter],
+        *,
+        sync_every: int,
+        fragments_: int,
+        compression: Compressor | None,
+        strategy: str | collectives.AllreduceAlgorithm,
+        fusion_mb: float | None,
+        buffers: bool,
+        argument: str,
+        strategy_options: dict[str, Any],
+    ) -> None:
+        mode = self.mode
+        self.sync_every = checks.check_count(mode, "sync_every", sync_every)
+        self.fragments = checks.check_count(mode, "fragments", fragments_)
+        if self.fragments > self.sync_every:
+            raise ConfigError(f"rt.{mode}: fragments={fragments_} is more than sync_every={sync_every}; "
+                              "each fragment syncs once per interval, at its own step")
+        if compression is None:
+            compression = Compression.none
+        if not isinstance(compression, Compressor):
+            raise ConfigError(f"rt.{mode}: compression must be rt.Compression.none, .fp16 or .bf16, "
+                              f"got {compression!r}")
+        runtime.world()  # NotInitializedError with a hint when rt.init() was not called
+        names = {id(p): n for n, p in model.named_parameters()}
+        if not synced:
+            raise ConfigError(f"rt.{mode}: the model has no parameters to train")
+        held = [names[id(p)] for p in synced if owner_of(p) is not None]
+        if held:
+            raise ConfigError(
+                f"rt.{mode}: {len(held)} of the model's parameters (first {held[0]!r}) are held by a "
+                f"live DistributedOptimizer, which exchanges their gradients after every backward. "
+                f"Use one exchange mode per parameter: pass the plain torch optimizer to rt.{mode} "
+                "and drop the DistributedOptimizer (del it) first")
+        self._inner = optimizer
+        self._model = model
+        self._params = list(synced)
+        self._names = [names[id(p)] for p in synced]
+        self._compression = compression
+        self._strategy = sync.make_strategy(strategy, **strategy_options)
+        self.strategy = strategy if isinstance(strategy, str) else type(strategy).__name__
+        self._argument = argument
+        mb = fusion_mb if fusion_mb is not None else runtime.settings().fusion_mb
+        if not mb > 0:
+            raise ConfigError(f"rt.{mode}: fusion_mb must be > 0, got {mb}")
+        self._bucket_bytes = int(mb * 1024 * 1024)
+        self._parts = fragments.split([p.numel() for p in synced], self.fragments)
+        label = mode.lower()
+        self._exchanges = [
+            FusedExchange([self._names[i] for i in part], [synced[i] for i in part], self._strategy,
+                          compression, Average, runtime.size(), self._bucket_bytes,
+                          label=f"{label}{f}.")
+            for f, part in enumerate(self._parts)
+        ]
+        self._buffers = [(n, b) for n, b in model.named_buffers() if b.is_floating_point()] if buffers else []
+        self._buffer_exchange = FusedExchange(
+            [n for n, _ in self._buffers], [b for _, b in self._buffers], self._strategy, Compression.none,
+            Average, runtime.size(), self._bucket_bytes, label=f"{label}.buffers.") if self._buffers else None
+        #: The parameters every rank held after the last sync (None until the first step).
+        self._copy: list[torch.Tensor] | None = None
+        self._agreed = False
+        #: Whether every rank held the same parameters at the first step (then nothing was
+        #: broadcast: the agreement compared their digests).
+        self.same_start = False
+        #: Steps taken (the schedule counts them; saved and restored with the state).
+        self.steps = 0
+        #: Syncs done in this process, and the bytes handed to the exchange for them.
+        self.syncs = 0
+        self.exchanged_bytes = 0
+        #: Seconds the last sync took (exchange, write-back and outer step).
+        self.last_sync_s = 0.0
+        claims.claim(self._params, self)
+
+    # -- the optimizer surface ----------------------------------------------------------
+
+    @property
+    def param_groups(self) -> list[dict[str, Any]]:
+        """The local optimizer's groups (clipping, GradScaler and learning rates act here)."""
+        return self._inner.param_groups
+
+    @property
+    def inner(self) -> torch.optim.Optimizer:
+        """The optimizer that steps locally (schedule its learning rate directly)."""
+        return self._inner
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self._inner.zero_grad(set_to_none=set_to_none)
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        raise ConfigError(f"rt.{self.mode}: add the group to the local optimizer before building rt.{self.mode}")
+
+    def step(self, closure: Callable[[], float] | None = None) -> Any:
+        """The local step; after every ``sync_every``-th, the sync (collective)."""
+        self._check_live()
+        if not self._agreed:
+            self._agree()
+        if self._copy is None:
+            self._take_start()
+        t0 = time.perf_counter()
+        try:
+            result = self._inner.step(closure) if closure is not None else self._inner.step()
+        finally:
+            if events.active():
+                events.emit("update", t0, time.perf_counter())
+        self.steps += 1
+        for f in fragments.due(self.steps, self.sync_every, self.fragments):
+            self._sync(f)
+        if events.active():
+            now = time.perf_counter()
+            events.emit("step_end", now, now)
+        events.check_stop()  # the doctor has its steps: leave here, nothing in flight
+        return result
+
+    def sync(self) -> None:
+        """Sync every fragment now, outside the schedule (collective: every rank calls it
+        at the same point), e.g. at the end of training, so every rank holds one model."""
+        self._check_live()
+        if not self._agreed:
+            self._agree()
+        if self._copy is None:
+            self._take_start()
+        for f in range(self.fragments):
+            self._sync(f)
+
+    @property
+    def synced_copy(self) -> list[torch.Tensor] | None:
+        """The parameters of the last sync (in the model's order); None before the first step."""
+        return self._copy
+
+    # -- start and agreement ------------------------------------------------------------
+
+    def _settings(self) -> dict[str, str]:
+        """What every rank must pass alike (compared at the first step)."""
+        strategy = strategy_settings(self._strategy)
+        return {
+            "sync_every": str(self.sync_every), "fragments": str(self.fragments),
+            "compression": self._compression.name, "strategy": " ".join(f"{k}={v}" for k, v in sorted(strategy.items())),
+            "buffers": " ".join(n for n, _ in self._buffers) or "none",
+            "fusion_mb": str(self._bucket_bytes),
+        }
+
+    def _agree(self) -> None:
+        entries = [(n, tuple(p.shape), str(p.dtype).replace("torch.", "")) for n, p in
+                   zip(self._names, self._params, strict=True)]
+        start = "" if self._copy is not None else checks.digest(
+            [*self._params, *(b for _, b in self._buffers)])
+        self.same_start = len(set(checks.agree(self.mode, entries, self._settings(), start))) == 1
+        self._agreed = True
+
+    def _take_start(self) -> None:
+        """Every rank takes rank 0's parameters (and float buffers), unless every rank
+        already holds the same bytes (the first-step agreement compared their digests);
+        they become the synced copy."""
+        if runtime.size() > 1 and not self.same_start:
+            replicate.broadcast_tensors_([*self._params, *(b for _, b in self._buffers)], 0,
+                                         name=f"rt.{self.mode} start")
+        with torch.no_grad():
+            self._copy = [p.detach().clone() for p in self._params]
+
+    # -- the sync -----------------------------------------------------------------------
+
+    def _sync(self, f: int) -> None:
+        """Average fragment ``f``'s outer gradient over the ranks and apply it."""
+        assert self._copy is not None
+        ex = self._exchanges[f]
+        part = self._parts[f]
+        t0 = time.perf_counter()
+        for bucket in ex.buckets:
+            ex.pack(bucket, self._outer_gradients(ex, bucket, part))
+            ex.launch(bucket)
+        extra = self._buffer_exchange if f == 0 else None
+        if extra is not None:
+            for bucket in extra.buckets:
+                extra.pack(bucket, [b for _, b in (self._buffers[i] for i in bucket.spec.params)])
+                extra.launch(bucket)
+        averaged: dict[int, torch.Tensor] = {}
+        for bucket in ex.buckets:
+            self._wait(ex, bucket)
+            for position, local in enumerate(bucket.spec.params):
+                averaged[part[local]] = ex.result(bucket, position)
+        if extra is not None:
+            with torch.no_grad():
+                for bucket in extra.buckets:
+                    self._wait(extra, bucket)
+                    for position, index in enumerate(bucket.spec.params):
+                        self._buffers[index][1].copy_(extra.result(bucket, position))
+        t_wait = time.perf_counter()
+        if events.active():
+            events.emit("exchange_wait", t0, t_wait)
+        self._apply(part, averaged)
+        with torch.no_grad():
+            for i in part:
+                self._copy[i].copy_(self._params[i])
+        t_end = time.perf_counter()
+        if events.active():
+            events.emit("update", t_wait, t_end)
+        self.last_sync_s = t_end - t0
+        self.syncs += 1
+
+    def _outer_gradients(self, ex: FusedExchange, bucket: Bucket, part: list[int]) -> list[torch.Tensor]:
+        """Synced copy minus parameters, for the bucket's members; written straight into
+        the bucket (then only scaled) when it travels uncompressed."""
+        assert self._copy is not None
+        out = []
+        with torch.no_grad():
+            for position, local in enumerate(bucket.spec.params):
+                i = part[local]
+                start = self._copy[i].reshape(-1)
+                now = self._params[i].detach().reshape(-1)
+                if bucket.grad_views:
+                    view = bucket.view(position)
+                    torch.sub(start, now, out=view)
+                    out.append(view)
+                else:
+                    out.append(start - now)
+        return out
+
+    def _wait(self, ex: FusedExchange, bucket: Bucket) -> None:
+        ex.wait(bucket)
+        self.exchanged_bytes += bucket.nbytes
+        if events.active():
+            names = [ex.names[i] for i in bucket.spec.params]
+            events.emit("exchange", bucket.launched_at, time.perf_counter(), name=bucket.name,
+                        bytes=bucket.nbytes, tensors=names)
+
+    def _apply(self, part: list[int], averaged: dict[int, torch.Tensor]) -> None:
+        """Set the parameters ``part`` (indices into the synced list) from their averaged
+        outer gradients (``averaged[i]``, flat, in the parameter's dtype)."""
+        raise NotImplementedError
+
+    # -- state --------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """The synced copy, the step count and the local optimizer's state (this rank's);
+        DiLoCo adds its outer optimizer's. Tensors are references, not copies."""
+        return {
+            "mode": self.mode, "sync_every": self.sync_every, "fragments": self.fragments,
+            "steps": self.steps,
+            "synced": None if self._copy is None else dict(zip(self._names, self._copy, strict=True)),
+            "inner": self._inner.state_dict(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if not isinstance(state, dict) or state.get("mode") != self.mode:
+            found = state.get("mode") if isinstance(state, dict) else type(state).__name__
+            raise ConfigError(f"rt.{self.mode}.load_state_dict: this state is not an rt.{self.mode} "
+                              f"state (mode {found!r})")
+        copy = state.get("synced")
+        if copy is not None:
+            missing = [n for n in self._names if n not in copy]
+            if missing:
+                raise ConfigError(f"rt.{self.mode}.load_state_dict: the saved synced copy has no "
+                                  f"{missing[0]!r}: it was saved from another model")
+            wrong = [n for n, p in zip(self._names, self._params, strict=True)
+                     if tuple(copy[n].shape) != tuple(p.shape)]
+            if wrong:
+                raise ConfigError(f"rt.{self.mode}.load_state_dict: {wrong[0]!r} has shape "
+                                  f"{tuple(copy[wrong[0]].shape)} in the state but "
+                                  f"{tuple(self._params[self._names.index(wrong[0])].shape)} in the model")
+            with torch.no_grad():
+                self._copy = [copy[n].detach().to(p.device, p.dtype).clone()
+                              for n, p in zip(self._names, self._params, strict=True)]
+        else:
+            self._copy = None
+        self.steps = int(state["steps"])
+        self._inner.load_state_dict(state["inner"])
+
+    # -- per-rank state and resizing (used by rt.elastic and hvd.elastic) ----------------
+
+    def local_state_dict(self) -> dict[str, Any]:
+        """What only this rank has: its parameters (when they differ from the synced copy,
+        i.e. between syncs) and its local optimizer's state. ``rt.elastic.Resumable``
+        saves it for every rank, so a resume at any step is exact on every rank."""
+        at_sync = self.fragments == 1 and self.steps % self.sync_every == 0
+        return {
+            "params": None if at_sync or self._copy is None else [p.detach().clone() for p in self._params],
+            "inner": self._inner.state_dict(),
+        }
+
+    def load_local_state_dict(self, state: dict[str, Any] | None) -> None:
+        """Restore :meth:`local_state_dict`; None (saved by another world size): the
+        parameters go back to the synced copy (this rank's local steps are lost)."""
+        with torch.no_grad():
+            if state is None or state.get("params") is None:
+                if self._copy is not None:
+                    for p, c in zip(self._params, self._copy, strict=True):
+                        p.copy_(c)
+            else:
+                for p, saved in zip(self._params, state["params"], strict=True):
+                    p.copy_(saved)
+        if state is not None:
+            self._inner.load_state_dict(state["inner"])
+
+    def world_changed(self) -> bool:
+        """The job moved to a world of another size (``rt.elastic``, ``hvd.elastic``):
+        every rank takes rank 0's synced copy, step count (and DiLoCo's outer state); a
+        rank that had not stepped (one that just joined) starts from the synced copy,
+        the others keep their local steps, so a rank lost mid-interval costs only its
+        own. Collective. Returns True: the model is consistent, the caller must not
+        broadcast rank 0's parameters over the other ranks' local ones."""
+        n = runtime.size()
+        for ex in self._exchanges:
+            ex.size = n
+        if self._buffer_exchange is not None:
+            self._buffer_exchange.size = n
+        self._agreed = False
+        if n == 1:
+            return True
+        fresh = self._copy is None
+        root = collectives.broadcast_object(
+            {"started": not fresh, "steps": self.steps} if runtime.rank() == 0 else None, 0,
+            name=f"rt.{self.mode} world change")
+        if not root["started"]:
+            self._copy = None  # the first step takes rank 0's parameters
+            self.steps = 0
+        else:
+            if fresh:
+                self._copy = [p.detach().clone() for p in self._params]
+            assert self._copy is not None
+            buffers = [b.detach().clone() for _, b in self._buffers]
+            replicate.broadcast_tensors_([*self._copy, *buffers], 0, name=f"rt.{self.mode} synced copy")
+            if fresh:
+                with torch.no_grad():
+                    for p, c in zip(self._params, self._copy, strict=True):
+                        p.copy_(c)
+                    for (_, b), got in zip(self._buffers, buffers, strict=True):
+                        b.copy_(got)
+            self.steps = int(root["steps"])
+        self._world_changed_extra()
+        return True
+
+    def _world_changed_extra(self) -> None:
+        """Subclasses' own part of :meth:`world_changed` (collective)."""
+
+    # -- misc ---------------------------------------------------------------------------
+
+    def _check_live(self) -> None:
+        if claims.holder(self._params[0]) is not self:
+            raise ConfigError(f"this rt.{self.mode} was replaced: a newer one holds the same "
+                              "parameters, and only the newest syncs them; step the new one")
+
+    def named_synced(self) -> Iterator[tuple[str, torch.nn.Parameter]]:
+        """The parameters this mode syncs, with their names, in sync order."""
+        return iter(zip(self._names, self._params, strict=True))
+
+    def __getstate__(self) -> dict[str, Any]:
+        raise TypeError(f"an rt.{self.mode} cannot be pickled; save opt.state_dict() instead")
+
+    def __repr__(self) -> str:
+        buckets = sum(len(ex.buckets) for ex in self._exchanges)
+        return (f"{self.mode}({type(self._inner).__name__}, sync_every={self.sync_every}, "
+                f"fragments={self.fragments}, strategy={self.strategy!r}, buckets={buckets}, "
+                f"compression={self._compression!r})")
