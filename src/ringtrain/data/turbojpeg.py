@@ -15,7 +15,10 @@ by conda-forge, Fedora >= 39, Arch, Alpine >= 3.19 and Homebrew. On PyPI, Pillow
 wheels bundle libjpeg-turbo 3.x as the libjpeg API only, and simplejpeg links it
 statically; the ``turbojpeg`` 0.0.2 wheel bundles a libturbojpeg 3.0 beta (2.1.92).
 :func:`load` looks in ``$RINGTRAIN_TURBOJPEG`` (a path), then the system's library
-path, and uses what it finds only if it has the ``tj3`` functions.
+path, then the library the ``turbojpeg`` wheel bundles (``turbojpeg.libs/``; the
+``dev`` and ``bench`` extras install it on Linux x86-64, so the region path is what the
+tests and the benchmark exercise), and uses what it finds only if it has the ``tj3``
+functions.
 
 One handle per process (made on first use, again after a fork), so loader workers
 never share one.
@@ -25,9 +28,11 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import importlib.util
 import math
 import os
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -72,12 +77,23 @@ class JpegHeader:
         return self.colorspace in (_CS_CMYK, _CS_YCCK)
 
 
+def _bundled() -> list[str]:
+    """The libturbojpeg the ``turbojpeg`` wheel (PyPI, a pybind11 binding) ships beside
+    its module, found without importing it."""
+    spec = importlib.util.find_spec("turbojpeg")
+    if spec is None or not spec.origin:
+        return []
+    libs = Path(spec.origin).parent / "turbojpeg.libs"
+    return sorted(str(p) for p in libs.glob("libturbojpeg*.so*")) if libs.is_dir() else []
+
+
 def _candidates() -> list[str]:
     env = os.environ.get(ENV_VAR)
     if env:
         return [env]  # an explicit choice: nothing else
     found = ctypes.util.find_library("turbojpeg")
-    return [name for name in (found, "libturbojpeg.so.0", "libturbojpeg.dylib") if name]
+    return [name for name in (found, "libturbojpeg.so.0", "libturbojpeg.dylib") if name] \
+        + _bundled()
 
 
 def _open() -> ctypes.CDLL | None:
