@@ -81,7 +81,7 @@ from photos import photo_jpegs  # noqa: E402
 
 BATCH = 256
 LOADERS = ("ringtrain", "torchdata_stateful", "torchdata_nodes", "litdata", "streaming",
-           "webdataset", "dali")
+           "webdataset", "dali", "ffcv")
 WORKLOADS = ("tiny", "aug", "jpeg", "wds", "photo")
 JPEG_POOL = 2000
 PHOTO_SIZE = 224
@@ -393,6 +393,42 @@ class DaliPhotos:
         del self.pipe
 
 
+def write_ffcv(raw: Raw, root: Path) -> str:
+    """The photos in FFCV's .beton, as JPEGs at full size (its ImageNet recipe stores them
+    downscaled to a 256-pixel max side; here every loader reads the same photo sizes)."""
+    from ffcv.fields import IntField, RGBImageField
+    from ffcv.writer import DatasetWriter
+
+    class Photos:
+        def __len__(self) -> int:
+            return raw.n
+
+        def __getitem__(self, i: int) -> tuple[np.ndarray, int]:
+            data, y = raw.raw(i)
+            return decode_image(data), int(y)
+
+    out = str(root / "photos.beton")
+    root.mkdir(parents=True, exist_ok=True)
+    DatasetWriter(out, {"image": RGBImageField(write_mode="jpg", jpeg_quality=90),
+                        "label": IntField()}, num_workers=1).from_indexed_dataset(Photos())
+    return out
+
+
+def ffcv_loader(path: str, workers: int) -> Any:
+    """FFCV's ImageNet training pipeline: RandomResizedCropRGBImageDecoder (decodes the
+    whole JPEG, then crops and resizes with OpenCV), a random flip, to CHW tensors."""
+    from ffcv.fields.decoders import IntDecoder, RandomResizedCropRGBImageDecoder
+    from ffcv.loader import Loader as FfcvLoader
+    from ffcv.loader import OrderOption
+    from ffcv.transforms import RandomHorizontalFlip, Squeeze, ToTensor, ToTorchImage
+
+    return FfcvLoader(path, batch_size=BATCH, num_workers=workers, order=OrderOption.RANDOM,
+                      os_cache=True, drop_last=False, pipelines={
+                          "image": [RandomResizedCropRGBImageDecoder((PHOTO_SIZE, PHOTO_SIZE)),
+                                    RandomHorizontalFlip(), ToTensor(), ToTorchImage()],
+                          "label": [IntDecoder(), ToTensor(), Squeeze()]})
+
+
 class MapAndCollate:
     """torchdata.nodes' documented pattern: one process task per batch of indices."""
 
@@ -422,10 +458,16 @@ class Bench:
         name = self.raw.name
         if loader in ("litdata", "streaming", "torchdata_nodes") and name == "wds":
             return False  # they read their own formats (and Parquet), not tar
-        if loader == "dali" and name != "photo":
-            return False  # run on the photo workload only (its image pipeline)
+        if loader in ("dali", "ffcv") and name != "photo":
+            return False  # run on the photo workload only (their image pipelines)
         if loader == "dali" and not _dali_ok():
             return False
+        if loader == "ffcv":
+            try:
+                import ffcv  # noqa: F401
+            except Exception:  # noqa: BLE001 - it needs OpenCV and libturbojpeg to build
+                return False
+            self._once("ffcv", lambda: write_ffcv(self.raw, self.root))
         if loader == "litdata":
             self._once("litdata", lambda: write_litdata(self.raw, self.root))
         elif loader == "streaming":
@@ -462,6 +504,8 @@ class Bench:
                           device="cpu")
         if loader == "dali":
             return DaliPhotos(self.root / "folder", self.raw.n, w)
+        if loader == "ffcv":
+            return ffcv_loader(self._made["ffcv"], w)
         if loader == "torchdata_stateful":
             from torchdata.stateful_dataloader import StatefulDataLoader
             if name == "wds":
@@ -562,13 +606,16 @@ def _state(loader: Any) -> Any:
     return sd() if callable(sd) else None
 
 
-def measure(bench: Bench, loader: str, cap_s: float) -> dict[str, Any] | None:
+def measure(bench: Bench, loader: str, cap_s: float, skip: int = 2,
+            warm_s: float | None = None, resume_batches: int = 60) -> dict[str, Any] | None:
     """One cell. The same protocol for every loader: a fresh loader's first batch, a
-    warm-up pass, then a steady-state pass (timed from its third batch, so a loader
-    that restarts its workers per pass is not charged for it); a pass stops after an
-    epoch or ``cap_s`` seconds, whichever comes first. Resume: a fresh loader, the
-    same number of batches in (half an epoch, at most 60), its state, then the time
-    from another fresh loader restored to that state to its first batch."""
+    warm-up pass, then a steady-state pass timed from its ``skip``-th batch (so a loader
+    that restarts its workers per pass is not charged for it, and batches loaded ahead
+    during the warm-up are used up first); a pass stops after an epoch or ``cap_s``
+    seconds of timing (the warm-up after ``warm_s``), whichever comes first. Resume: a
+    fresh loader, the same number of batches in (half an epoch, at most
+    ``resume_batches``), its state, then the time from another fresh loader restored
+    to that state to its first batch."""
     if not bench.prepare(loader):
         return None
     t0 = time.perf_counter()
@@ -577,21 +624,20 @@ def measure(bench: Bench, loader: str, cap_s: float) -> dict[str, Any] | None:
     next(it)
     first_s = time.perf_counter() - t0
     for _ in it:  # the rest of the warm-up pass
-        if time.perf_counter() - t0 > cap_s:
+        if time.perf_counter() - t0 > (warm_s or cap_s):
             break
     del it
     if hasattr(ld, "set_epoch"):
         ld.set_epoch(1)
     samples, t1, k = 0, 0.0, 0
-    start = time.perf_counter()
     cpu0 = time.process_time()
     for batch in ld:
         k += 1
-        if k == 2:
+        if k == skip:
             t1, cpu0 = time.perf_counter(), time.process_time()
-        elif k > 2:
+        elif k > skip:
             samples += _count(batch)
-        if time.perf_counter() - start > cap_s:
+        if k > skip and time.perf_counter() - t1 > cap_s:
             break
     wall = time.perf_counter() - t1
     main_cpu = time.process_time() - cpu0
@@ -602,7 +648,7 @@ def measure(bench: Bench, loader: str, cap_s: float) -> dict[str, Any] | None:
     ld = bench.build(loader)
     if _state(ld) is not None or loader == "ringtrain":
         it = iter(ld)
-        for _ in range(min(60, bench.raw.n // BATCH // 2)):
+        for _ in range(min(resume_batches, bench.raw.n // BATCH // 2)):
             next(it)
         state = _state(ld)
         del it
@@ -629,7 +675,7 @@ def versions() -> dict[str, str]:
     out = {"python": platform.python_version(), "torch": torch.__version__,
            "numpy": np.__version__}
     for mod, name in (("torchdata", "torchdata"), ("litdata", "litdata"),
-                      ("nvidia.dali", "dali"),
+                      ("nvidia.dali", "dali"), ("ffcv", "ffcv"),
                       ("webdataset", "webdataset"), ("simplejpeg", "simplejpeg"),
                       ("PIL", "pillow"), ("pyarrow", "pyarrow")):
         try:
@@ -666,6 +712,10 @@ SETTINGS = {
             "num_attempts=10) -> fn.resize(224x224, antialias=True) -> "
             "fn.crop_mirror_normalize(UINT8, CHW, mirror=coin_flip(0.5)); pipeline("
             "batch_size=256, num_threads=W, device_id=None, enable_checkpointing=True)",
+    "ffcv": "photo only: DatasetWriter(RGBImageField(write_mode='jpg', jpeg_quality=90), full "
+            "size) -> Loader(batch_size=256, num_workers=W, order=RANDOM, os_cache=True, "
+            "pipelines: RandomResizedCropRGBImageDecoder((224, 224)), RandomHorizontalFlip, "
+            "ToTensor, ToTorchImage); no resume",
     "webdataset": "tar shards of every workload; WebDataset(shardshuffle=#shards, "
                   "nodesplitter=split_by_node)"
                   ".shuffle(1000).map(...).batched(256) + WebLoader(batch_size=None, "
@@ -731,7 +781,7 @@ def _summarise(rounds: list[dict[str, Any]]) -> dict[str, Any]:
 def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     torch.set_num_threads(1)
     scale = 0.25 if args.quick else 1.0
-    sizes = {"tiny": 400_000, "aug": 40_000, "jpeg": 40_000, "wds": 80_000, "photo": 8_000}
+    sizes = {"tiny": 400_000, "aug": 40_000, "jpeg": 40_000, "wds": 80_000, "photo": 16_000}
     records: list[dict[str, Any]] = []
     loaders = args.loaders or list(LOADERS)
     with tempfile.TemporaryDirectory() as tmp:
@@ -745,17 +795,23 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
             # and goes, and interleaving spreads it over every loader alike; the median of
             # the rounds is each loader's figure, the spread shows how much it moved.
             for _ in range(args.repeat):
-                ceilings["transform"].append(transform_ceiling(raw, args.workers))
+                secs = 5.0 if name == "photo" else 2.0
+                ceilings["transform"].append(transform_ceiling(raw, args.workers, seconds=secs))
                 if name == "photo":
                     ceilings["decodecrop"].append(
-                        transform_ceiling(raw, args.workers, t_photo_decodecrop))
+                        transform_ceiling(raw, args.workers, t_photo_decodecrop, seconds=secs))
                 for loader in loaders:
                     if loader in unsupported:
                         continue
                     try:
-                        # photos load at ~0.5 s a batch: longer passes for enough batches
-                        cap = (3.0 if args.quick else 10.0) * (2 if name == "photo" else 1)
-                        r = measure(bench, loader, cap_s=cap)
+                        if name == "photo":
+                            # ~0.5 s a batch: time from batch 12 on, when every loader has
+                            # used up what it had loaded ahead (ringtrain 8 batches, the
+                            # others 2-4), for 25 s; a 10 s warm-up pass; resume 16 in.
+                            r = measure(bench, loader, cap_s=10.0 if args.quick else 25.0,
+                                        skip=12, warm_s=10.0, resume_batches=16)
+                        else:
+                            r = measure(bench, loader, cap_s=3.0 if args.quick else 10.0)
                     except Exception as err:  # noqa: BLE001 - report and go on
                         r = {"error": f"{type(err).__name__}: {err}"[:300]}
                     if r is None:

@@ -108,6 +108,19 @@ def _check_kind(dataset: Any) -> bool:
                     "(or use a sharded dataset, see rt.data.Shards)")
 
 
+def _image_decoding(dataset: Any) -> str | None:
+    """How the dataset decodes images, for the doctor: ``"whole"`` (whole images, then
+    any crop), ``"DecodeCrop"`` / ``"DecodeCrop(cuda)"``, or None (not known)."""
+    from ringtrain.data.decodecrop import DecodeCrop
+
+    transform = getattr(dataset, "transform", None)
+    if isinstance(transform, DecodeCrop):
+        return "DecodeCrop(cuda)" if transform.device.type == "cuda" else "DecodeCrop"
+    if getattr(dataset, "decode", False) is True and hasattr(dataset, "classes"):
+        return "whole"  # an ImageFolder that decodes every file whole
+    return None
+
+
 class _EpochIterator:
     __slots__ = ("_loader", "_gen")
 
@@ -253,6 +266,7 @@ class Loader:
         self._gap_from: float | None = None
 
         self._on_device = getattr(collate_fn, "on_device", None)
+        self._images = _image_decoding(dataset)
         stager = (DeviceStager(_make_backend(self.device), self._on_device) if self._cuda
                   else None)
         self._feed = WorkerFeed(dataset, self._worker_kwargs, keep=keep, zero_copy=zero_copy,
@@ -577,7 +591,7 @@ class Loader:
         if events.active():
             events.emit("data_wait", t0, t1, samples=plan.batch_len(self._yielded),
                         batch=self._yielded, batches=plan.num_batches, epoch=plan.epoch,
-                        workers=self.num_workers, source="Loader")
+                        workers=self.num_workers, source="Loader", images=self._images)
         self._yielded += 1
         self.batches_yielded += 1
         if self._tuner is not None and self._gap_from is not None:

@@ -248,6 +248,7 @@ class Session:
             "summary": self.summary("all"), "series": cols, "gpu_series": gpu_series,
             "cpu": _cpu_facts(f.local_size),
             "loader": {"workers": info.get("workers"), "source": info.get("source"),
+                       "images": info.get("images"),
                        "batches": info.get("batches")},
             "settings": {"fusion_mb": settings.fusion_mb},
             "timeline": trace,

@@ -74,6 +74,8 @@ class RankView:
     shard_bytes_per_step: float = 0.0
     #: What the pipeline reported: stages, microbatches, stage (None: no pipeline).
     pipeline: dict[str, Any] | None = None
+    #: How the loader's dataset decodes images: "whole", "DecodeCrop", "DecodeCrop(cuda)"
+    images: str | None = None
 
     @property
     def data_share(self) -> float:
@@ -111,6 +113,7 @@ def rank_view(report: dict[str, Any]) -> RankView:
         shard_share=float((par.get("shard_comm") or {}).get("share", 0.0)),
         shard_bytes_per_step=float(par.get("shard_bytes_per_step", 0.0)),
         pipeline=par.get("pipeline"),
+        images=loader.get("images"),
     )
 
 
@@ -166,12 +169,32 @@ def _input_advice(r: RankView) -> list[str]:
             "sample cheaper (decode/resize once and store the result, e.g. with "
             "rt.data.RecordWriter; lighter augmentation), or give each rank more CPUs "
             "(fewer ranks per host).")
+    advice += _image_advice(r)
     copy = r.shares.get("h2d_copy", 0.0)
     if copy >= _COPY_SHARE:
         advice.append(
             f"copies to the device block the loop {_pct(copy)} of the step: let "
             "rt.data.Loader(device=rt.device()) copy page-locked batches on a side stream, "
             "ahead of the loop.")
+    return advice
+
+
+def _image_advice(r: RankView) -> list[str]:
+    """Photos decoded whole and then cropped: decode only the crop (CPU), or on the GPU."""
+    gpu_idle = r.gpu is not None and r.busy < 1.0 - BOUND_SHARE
+    advice: list[str] = []
+    if r.images == "whole":
+        advice.append(
+            "the dataset decodes every image whole before its crop: rt.data.ImageFolder(root, "
+            "decode=False, transform=rt.data.DecodeCrop(224)) draws the RandomResizedCrop box "
+            "first and decodes only that region (with libjpeg-turbo 3), then resizes "
+            "(docs/data.md, \"DecodeCrop\").")
+    if r.images in ("whole", "DecodeCrop") and gpu_idle:
+        advice.append(
+            f"the GPU is busy only {_pct(r.busy)} of the step: decode on it instead, "
+            "crop = rt.data.DecodeCrop(224, device='cuda') as the transform and "
+            "rt.data.Loader(..., device='cuda', collate_fn=crop.collate) (nvJPEG, on the "
+            "loader's side stream).")
     return advice
 
 
