@@ -32,6 +32,7 @@ ratio any loader could reach in that run.
 
     python benchmarks/loader_field.py [--quick] [--json FILE] [--workers 2]
     python benchmarks/loader_field.py --decoders     # JPEG decoders side by side
+    python benchmarks/loader_field.py --crop-decoders   # photo decode + crop + resize ways
     python benchmarks/loader_field.py --memory 10000000   # ringtrain per-worker RSS, every format
 """
 
@@ -46,6 +47,7 @@ import multiprocessing
 import os
 import platform
 import shutil
+import statistics
 import sys
 import tarfile
 import tempfile
@@ -955,6 +957,117 @@ def _torchvision_io() -> tuple[Any, str]:
         return None, f"not usable here: {type(err).__name__}: {err}"[:200]
 
 
+# ---- decode + crop on photos: the candidates behind DecodeCrop's choices ---------------
+def crop_decoders(n: int, rounds: int = 5) -> dict[str, Any]:
+    """us per sample and quality of each way to turn a photo JPEG + a RandomResizedCrop
+    box into a 224x224 crop, one process, the same files and boxes for all; rounds
+    interleave the candidates, medians kept. Quality: mean absolute difference (0-255)
+    per image against whole decode + crop + Pillow BILINEAR (the issue's reference)."""
+    import math
+
+    from PIL import Image
+
+    from ringtrain.data import turbojpeg
+    from ringtrain.data.jpeginfo import image_info
+
+    torch.set_num_threads(1)
+    files = photo_jpegs(n, seed=1)
+    torch.manual_seed(0)
+    infos = [image_info(f) for f in files]
+    boxes = [random_resized_box(i.width, i.height) for i in infos]
+    tj = turbojpeg.load()
+    dc = DecodeCrop(PHOTO_SIZE, flip=0.0)
+    size = PHOTO_SIZE
+
+    def pil_out(img: Any) -> np.ndarray:
+        return np.asarray(img).transpose(2, 0, 1)
+
+    def reference(f: bytes, b: Any, info: Any) -> np.ndarray:
+        left, top, w, h = b
+        crop = np.ascontiguousarray(decode_image(f)[top:top + h, left:left + w])
+        return pil_out(Image.fromarray(crop).resize((size, size), Image.Resampling.BILINEAR))
+
+    def whole_torch(f: bytes, b: Any, info: Any) -> np.ndarray:
+        left, top, w, h = b
+        return resize_crop(decode_image(f)[top:top + h, left:left + w], size, False)
+
+    def whole_opencv_area(f: bytes, b: Any, info: Any) -> np.ndarray:
+        import cv2
+        left, top, w, h = b
+        crop = decode_image(f)[top:top + h, left:left + w]
+        return cv2.resize(crop, (size, size), interpolation=cv2.INTER_AREA).transpose(2, 0, 1)
+
+    def pillow_draft(f: bytes, b: Any, info: Any) -> np.ndarray:
+        left, top, w, h = b
+        img = Image.open(io.BytesIO(f))
+        img.draft("RGB", (math.ceil(info.width * size / min(w, h)),
+                          math.ceil(info.height * size / min(w, h))))
+        fx, fy = img.size[0] / info.width, img.size[1] / info.height
+        return pil_out(img.convert("RGB").resize((size, size), Image.Resampling.BILINEAR, box=(
+            left * fx, top * fy, (left + w) * fx, (top + h) * fy)))
+
+    def simplejpeg_scaled(f: bytes, b: Any, info: Any) -> np.ndarray:
+        import simplejpeg
+        left, top, w, h = b
+        m = max(1, min(8, math.ceil(8 * size / min(w, h))))
+        img = simplejpeg.decode_jpeg(f, min_width=math.ceil(info.width * m / 8),
+                                     min_height=math.ceil(info.height * m / 8))
+        fx, fy = img.shape[1] / info.width, img.shape[0] / info.height
+        return pil_out(Image.fromarray(img).resize((size, size), Image.Resampling.BILINEAR, box=(
+            left * fx, top * fy, (left + w) * fx, (top + h) * fy)))
+
+    def region_torch(f: bytes, b: Any, info: Any) -> np.ndarray:
+        return dc.apply(f, b)
+
+    def region_scaled_1x(f: bytes, b: Any, info: Any) -> np.ndarray:
+        # DCT scaling down to just above the output (M/8, M = 1..8), then Pillow's
+        # fractional-box resize: what DecodeCrop does only from 2x the output
+        assert tj is not None
+        left, top, w, h = b
+        m = max(1, min(8, math.ceil(8 * size / min(w, h))))
+        if m == 8 or not info.region:
+            return dc.apply(f, b)
+        return dc._scaled(tj, f, info, b, m, False)
+
+    cands: dict[str, Callable[[bytes, Any, Any], np.ndarray]] = {
+        "whole + crop + Pillow BILINEAR (reference)": reference,
+        "whole + crop + torch antialias (the others' pipeline)": whole_torch,
+        "whole + crop + OpenCV INTER_AREA": whole_opencv_area,
+        "Pillow draft + resize(box)": pillow_draft,
+        "simplejpeg min_width/height + Pillow resize(box)": simplejpeg_scaled,
+    }
+    if tj is not None:
+        cands["DecodeCrop: region + torch antialias"] = region_torch
+        cands["region + DCT scale to >= 1x + Pillow resize(box)"] = region_scaled_1x
+    times: dict[str, list[float]] = {k: [] for k in cands}
+    outs: dict[str, list[np.ndarray]] = {}
+    for _ in range(rounds):
+        for name, fn in cands.items():
+            try:
+                t = time.perf_counter()
+                outs[name] = [fn(f, b, i) for f, b, i in zip(files, boxes, infos, strict=True)]
+                times[name].append((time.perf_counter() - t) / n * 1e6)
+            except Exception as err:  # noqa: BLE001 - e.g. OpenCV not installed
+                times[name] = []
+                outs[name] = []
+                print(f"  {name}: {type(err).__name__}: {err}")
+    ref = outs["whole + crop + Pillow BILINEAR (reference)"]
+    out: dict[str, Any] = {"files": n, "rounds": rounds, "decoder": region_backend()}
+    base = statistics.median(times["whole + crop + torch antialias (the others' pipeline)"])
+    for name in cands:
+        if not times[name]:
+            continue
+        mads = [float(np.abs(a.astype(np.int16) - r).mean()) for a, r in zip(outs[name], ref, strict=True)]
+        med = statistics.median(times[name])
+        out[name] = {"us_per_sample": med, "spread": [min(times[name]), max(times[name])],
+                     "speed_vs_whole_torch": base / med, "mad_mean": statistics.mean(mads),
+                     "mad_max": max(mads)}
+        print(f"  {name:55s} {med:6.0f} us ({min(times[name]):.0f}-{max(times[name]):.0f})  "
+              f"{base / med:4.2f}x  MAD mean {statistics.mean(mads):.2f} max {max(mads):.2f}",
+              flush=True)
+    return out
+
+
 # ---- memory over a long epoch (ringtrain, every format) ------------------------------
 def _uss_mib(pid: int) -> float:
     total = 0
@@ -1047,6 +1160,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--loaders", nargs="*", choices=LOADERS)
     parser.add_argument("--workloads", nargs="*", choices=WORKLOADS)
     parser.add_argument("--decoders", action="store_true", help="only time the JPEG decoders")
+    parser.add_argument("--crop-decoders", action="store_true",
+                        help="only time the ways to decode + crop + resize a photo")
     parser.add_argument("--memory", type=int, default=0, metavar="N",
                         help="only measure ringtrain's per-worker memory over N samples")
     args = parser.parse_args(argv)
@@ -1083,6 +1198,8 @@ def _main(args: argparse.Namespace) -> int:
           f"{' '.join(Path('/proc/loadavg').read_text().split()[:3])}", flush=True)
     if args.decoders:
         doc: Any = {"decoders": decoders(400)}
+    elif args.crop_decoders:
+        doc = {"crop_decoders": crop_decoders(300)}
     elif args.memory:
         doc = {"memory": memory(args.memory, args.workers)}
     else:
