@@ -12,6 +12,10 @@ batch size; install them with ``pip install -e '.[bench]'``, torch pinned):
                        + StreamingDataLoader, persistent workers
   webdataset           .tar shards, WebDataset(shardshuffle).shuffle(1000).map().batched()
                        + WebLoader(batch_size=None), persistent workers
+  dali                 (photo only) DALI's CPU pipeline, device_id=None: readers.file ->
+                       decoders.image_random_crop -> resize -> crop_mirror_normalize
+  ffcv                 (photo only) FFCV .beton (JPEG, full size) + its Loader with
+                       RandomResizedCropRGBImageDecoder
 
 Workloads (every loader gets the same samples and the same transform function):
 
@@ -21,12 +25,20 @@ Workloads (every loader gets the same samples and the same transform function):
          random crop 80
   wds    WebDataset .tar shards of 3x32x32 raw uint8 images + .cls labels (litdata and
          streaming cannot read tar: not run there)
+  photo  2,000 JPEGs cut from real photographs at ImageNet sizes (benchmarks/photos.py),
+         repeated to 16,000 files in an ImageFolder tree: RandomResizedCrop(224) + flip.
+         ringtrain: ImageFolder(decode=False, transform=DecodeCrop(224)); the others:
+         decode_image (whole) + the same box sampling + the same antialiased resize
 
-Per (workload, loader): samples/s over a steady-state epoch (after a warm-up epoch),
+Rounds interleave the loaders (A B C A B C ..., --repeat rounds, default 3); each cell is
+the median of its rounds, with the spread (lowest-highest samples/s); --hog runs a busy
+process beside the whole benchmark. Per (workload, loader): samples/s over a
+steady-state pass (after a warm-up pass),
 time to first batch of a fresh loader, peak RSS per worker process (VmHWM), and the
 time from a fresh loader restored to mid-epoch (load_state_dict) to its first batch.
 Per workload, the ceiling: samples/s of as many processes as workers doing nothing but
-the transform on samples in memory, all at once. No loader can pass it, so each
+the transform on samples in memory, all at once (photo: a second figure with processes
+doing only DecodeCrop, ringtrain's transform). No loader can pass it, so each
 loader's share of it shows how much is left, and ceiling / best other is the largest
 ratio any loader could reach in that run.
 
@@ -153,8 +165,9 @@ def _jpeg(i: int, rng: np.random.Generator) -> bytes:
 class Raw:
     """A workload's raw samples: ``raw(i) -> fields`` and the transform of the fields."""
 
-    def __init__(self, name: str, n: int) -> None:
+    def __init__(self, name: str, n: int, pool_file: Path | None = None) -> None:
         self.name, self.n = name, n
+        self._pool_file = pool_file
         rng = np.random.default_rng(0)
         self.y = rng.integers(0, 1000, n)
         self.x: np.ndarray[Any, Any]
@@ -165,16 +178,27 @@ class Raw:
         elif name == "jpeg":
             # Encoding costs ~1.4 ms a file here; decoding is the same work whatever
             # the pixels, so a pool of distinct files is repeated to the sample count.
-            pool = [_jpeg(i, rng) for i in range(min(n, JPEG_POOL))]
+            pool = self._pool(lambda: [_jpeg(i, rng) for i in range(min(n, JPEG_POOL))])
             self.jpegs = [pool[i % len(pool)] for i in range(n)]
         elif name == "photo":
             # 2,000 distinct JPEGs cut from real photographs (benchmarks/photos.py), the
             # pool repeated to the sample count as for jpeg.
-            pool = photo_jpegs(min(n, JPEG_POOL))
+            pool = self._pool(lambda: photo_jpegs(min(n, JPEG_POOL)))
             self.jpegs = [pool[i % len(pool)] for i in range(n)]
         else:
             self.x = rng.integers(0, 256, (n, 3 * 32 * 32), dtype=np.uint8)
         self.transform: Callable[..., Any] = TRANSFORMS[name]
+
+    def _pool(self, make: Callable[[], list[bytes]]) -> list[bytes]:
+        """The distinct files, made once and kept in ``pool_file`` for the cell processes."""
+        import pickle
+        if self._pool_file is not None and self._pool_file.exists():
+            return list(pickle.loads(self._pool_file.read_bytes()))
+        pool = make()
+        if self._pool_file is not None:
+            self._pool_file.parent.mkdir(parents=True, exist_ok=True)
+            self._pool_file.write_bytes(pickle.dumps(pool))
+        return pool
 
     def raw(self, i: int) -> tuple[Any, Any]:
         if self.name in ("jpeg", "photo"):
@@ -780,47 +804,71 @@ def _summarise(rounds: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+SIZES = {"tiny": 400_000, "aug": 40_000, "jpeg": 40_000, "wds": 80_000, "photo": 16_000}
+
+
+def _cell_args(name: str, quick: bool) -> dict[str, Any]:
+    if name == "photo":
+        # ~0.5 s a batch: time from batch 12 on, when every loader has used up what it
+        # had loaded ahead (ringtrain 8 batches, the others 2-4), for 25 s; a 10 s
+        # warm-up pass; resume 16 batches in.
+        return {"cap_s": 10.0 if quick else 25.0, "skip": 12, "warm_s": 10.0,
+                "resume_batches": 16}
+    return {"cap_s": 3.0 if quick else 10.0}
+
+
+def _open_bench(name: str, root: Path, workers: int, quick: bool) -> Bench:
+    raw = Raw(name, int(SIZES[name] * (0.25 if quick else 1.0)), pool_file=root / "pool.pkl")
+    return Bench(raw, root, workers, shards=16)
+
+
+def _in_child(argv: list[str], timeout: float) -> Any:
+    """Run one measurement in a fresh interpreter: each loader (and each ceiling) starts
+    from a clean process, with no threads or workers of the loader measured before it
+    (DALI's and FFCV's thread pools, a forked child's OpenMP state); the last line it
+    prints is the result, as JSON."""
+    import subprocess
+    proc = subprocess.run([sys.executable, __file__, *argv], capture_output=True, text=True,
+                          timeout=timeout)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("CELL ")]
+    if proc.returncode != 0 or not lines:
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
+        return {"error": f"cell process exited {proc.returncode}: {' | '.join(tail)}"[:300]}
+    return json.loads(lines[-1][5:])
+
+
 def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     torch.set_num_threads(1)
-    scale = 0.25 if args.quick else 1.0
-    sizes = {"tiny": 400_000, "aug": 40_000, "jpeg": 40_000, "wds": 80_000, "photo": 16_000}
     records: list[dict[str, Any]] = []
     loaders = args.loaders or list(LOADERS)
+    common = ["--workers", str(args.workers)] + (["--quick"] if args.quick else [])
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.workloads or list(WORKLOADS):
-            raw = Raw(name, int(sizes[name] * scale))
-            bench = Bench(raw, Path(tmp) / name, args.workers, shards=16)
+            root = Path(tmp) / name
+            bench = _open_bench(name, root, args.workers, args.quick)
+            supported = []
+            for loader in loaders:  # write every format once, untimed
+                try:
+                    if bench.prepare(loader):
+                        supported.append(loader)
+                except Exception as err:  # noqa: BLE001
+                    print(f"  {name} {loader}: cannot prepare its data: {err}", flush=True)
+            (root / "made.json").write_text(json.dumps(bench._made))
+            raw = bench.raw
             rounds: dict[str, list[dict[str, Any]]] = {}
-            unsupported: set[str] = set()
             ceilings: dict[str, list[float]] = {"transform": [], "decodecrop": []}
             # Rounds interleave the loaders (A B C A B C ...): load from other jobs comes
             # and goes, and interleaving spreads it over every loader alike; the median of
             # the rounds is each loader's figure, the spread shows how much it moved.
             for _ in range(args.repeat):
-                secs = 5.0 if name == "photo" else 2.0
-                ceilings["transform"].append(transform_ceiling(raw, args.workers, seconds=secs))
-                if name == "photo":
-                    ceilings["decodecrop"].append(
-                        transform_ceiling(raw, args.workers, t_photo_decodecrop, seconds=secs))
-                for loader in loaders:
-                    if loader in unsupported:
-                        continue
-                    try:
-                        if name == "photo":
-                            # ~0.5 s a batch: time from batch 12 on, when every loader has
-                            # used up what it had loaded ahead (ringtrain 8 batches, the
-                            # others 2-4), for 25 s; a 10 s warm-up pass; resume 16 in.
-                            r = measure(bench, loader, cap_s=10.0 if args.quick else 25.0,
-                                        skip=12, warm_s=10.0, resume_batches=16)
-                        else:
-                            r = measure(bench, loader, cap_s=3.0 if args.quick else 10.0)
-                    except Exception as err:  # noqa: BLE001 - report and go on
-                        r = {"error": f"{type(err).__name__}: {err}"[:300]}
-                    if r is None:
-                        unsupported.add(loader)
-                    else:
-                        rounds.setdefault(loader, []).append(r)
-            ceiling = float(np.median(ceilings["transform"]))
+                for kind in ("transform", "decodecrop") if name == "photo" else ("transform",):
+                    got = _in_child(["--ceiling", name, kind, "--root", str(root), *common], 300)
+                    if isinstance(got, (int, float)):
+                        ceilings[kind].append(float(got))
+                for loader in supported:
+                    r = _in_child(["--cell", name, loader, "--root", str(root), *common], 600)
+                    rounds.setdefault(loader, []).append(r)
+            ceiling = float(np.median(ceilings["transform"])) if ceilings["transform"] else 0.0
             dc_ceiling = float(np.median(ceilings["decodecrop"])) if ceilings["decodecrop"] else None
             print(f"  {name:5s} the transform alone in {args.workers} processes: "
                   f"{ceiling:,.0f}/s (the ceiling, median of {args.repeat})"
@@ -838,8 +886,29 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                     rec["decodecrop_ceiling_rounds"] = ceilings["decodecrop"]
                 records.append(rec)
                 print(_line(rec), flush=True)
-            shutil.rmtree(Path(tmp) / name, ignore_errors=True)
+            shutil.rmtree(root, ignore_errors=True)
     return records
+
+
+def cell_main(args: argparse.Namespace) -> int:
+    """One measurement in this (fresh) process: ``--cell WORKLOAD LOADER`` or
+    ``--ceiling WORKLOAD transform|decodecrop``, over the data the parent wrote."""
+    torch.set_num_threads(1)
+    name = (args.cell or args.ceiling)[0]
+    bench = _open_bench(name, args.root, args.workers, args.quick)
+    bench._made = json.loads((args.root / "made.json").read_text())
+    if args.ceiling:
+        kind = args.ceiling[1]
+        tf = t_photo_decodecrop if kind == "decodecrop" else None
+        secs = 5.0 if name == "photo" else 2.0
+        print("CELL " + json.dumps(transform_ceiling(bench.raw, args.workers, tf, seconds=secs)))
+        return 0
+    try:
+        r = measure(bench, args.cell[1], **_cell_args(name, args.quick))
+    except Exception as err:  # noqa: BLE001 - report it as the cell's result
+        r = {"error": f"{type(err).__name__}: {err}"[:300]}
+    print("CELL " + json.dumps(r))
+    return 0
 
 
 def _fmt(v: Any, spec: str) -> str:
@@ -1080,8 +1149,9 @@ def _uss_mib(pid: int) -> float:
     return total / 1024
 
 
-def memory(samples: int, workers: int) -> dict[str, Any]:
-    """Per-worker private memory at 10% and at the end of ``samples`` samples."""
+def memory(samples: int, workers: int, only: str | None = None) -> dict[str, Any]:
+    """Per-worker private memory at 10% and at the end of ``samples`` samples
+    (``only="photo"``: just the photo folder through DecodeCrop)."""
     out: dict[str, Any] = {"samples": samples}
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
@@ -1089,6 +1159,16 @@ def memory(samples: int, workers: int) -> dict[str, Any]:
         formats: dict[str, Callable[[], Any]] = {
             "map-style (tiny, numpy arrays)": lambda: MapData(Raw("tiny", samples)),
         }
+
+        def photos() -> Any:
+            # 2,000 photo files, read over and over: the epoch is the sample count
+            raw = Raw("photo", JPEG_POOL)
+            write_folder(raw, root / "photos")
+            folder = ImageFolder(root / "photos", decode=False, transform=_DECODE_CROP)
+            return _Repeat(folder, samples)
+
+        if only == "photo":
+            formats = {"ImageFolder + DecodeCrop (2,000 photos, repeated)": photos}
 
         def records() -> Any:
             with RecordWriter(root / "rec", shard_records=500_000) as w:
@@ -1111,9 +1191,10 @@ def memory(samples: int, workers: int) -> dict[str, Any]:
             paths = write_tars(Raw("tiny", n_tar), root / "tars", shards=max(1, n_tar // 20_000))
             return TarShards(paths, transform=WdsMap("tiny"))
 
-        formats["RecordShards"] = records
-        formats["ParquetDataset"] = parquet
-        formats[f"TarShards ({n_tar:,} samples, read {samples // n_tar}x)"] = tars
+        if only != "photo":
+            formats["RecordShards"] = records
+            formats["ParquetDataset"] = parquet
+            formats[f"TarShards ({n_tar:,} samples, read {samples // n_tar}x)"] = tars
         for label, make in formats.items():
             ds = make()
             loader = Loader(ds, batch_size=BATCH, num_workers=workers, device="cpu")
@@ -1140,6 +1221,19 @@ def memory(samples: int, workers: int) -> dict[str, Any]:
     return out
 
 
+class _Repeat:
+    """A map-style dataset ``n`` samples long over a smaller one (index modulo its length)."""
+
+    def __init__(self, ds: Any, n: int) -> None:
+        self.ds, self.n = ds, n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> Any:
+        return self.ds[i % len(self.ds)]
+
+
 def _rec_sample(b: bytes) -> tuple[np.ndarray, int]:
     return np.frombuffer(b, dtype=np.float32), len(b)
 
@@ -1164,12 +1258,19 @@ def main(argv: list[str] | None = None) -> int:
                         help="only time the ways to decode + crop + resize a photo")
     parser.add_argument("--memory", type=int, default=0, metavar="N",
                         help="only measure ringtrain's per-worker memory over N samples")
+    parser.add_argument("--cell", nargs=2, metavar=("WORKLOAD", "LOADER"), help=argparse.SUPPRESS)
+    parser.add_argument("--ceiling", nargs=2, metavar=("WORKLOAD", "KIND"), help=argparse.SUPPRESS)
+    parser.add_argument("--root", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--memory-photo", action="store_true",
+                        help="with --memory: only the photo folder through DecodeCrop")
     args = parser.parse_args(argv)
     # torch's collate warns about read-only numpy arrays (the competitors' mmapped
     # samples), once per worker: noise in the table.
     warnings.filterwarnings("ignore")
     if args.repeat is None:
         args.repeat = 3
+    if args.cell or args.ceiling:
+        return cell_main(args)
     hog = _start_hog() if args.hog else None
     try:
         return _main(args)
@@ -1201,7 +1302,8 @@ def _main(args: argparse.Namespace) -> int:
     elif args.crop_decoders:
         doc = {"crop_decoders": crop_decoders(300)}
     elif args.memory:
-        doc = {"memory": memory(args.memory, args.workers)}
+        doc = {"memory": memory(args.memory, args.workers,
+                                "photo" if args.memory_photo else None)}
     else:
         vers = versions()
         print("versions: " + ", ".join(f"{k} {v}" for k, v in vers.items()), flush=True)
