@@ -26,7 +26,7 @@ Workloads (every loader gets the same samples and the same transform function):
   wds    WebDataset .tar shards of 3x32x32 raw uint8 images + .cls labels (litdata and
          streaming cannot read tar: not run there)
   photo  2,000 JPEGs cut from real photographs at ImageNet sizes (benchmarks/photos.py),
-         repeated to 16,000 files in an ImageFolder tree: RandomResizedCrop(224) + flip.
+         repeated to 8,000 files in an ImageFolder tree: RandomResizedCrop(224) + flip.
          ringtrain: ImageFolder(decode=False, transform=DecodeCrop(224)); the others:
          decode_image (whole) + the same box sampling + the same antialiased resize
 
@@ -599,6 +599,20 @@ def _children() -> list[int]:
     return out
 
 
+def _tree_cpu_s() -> float:
+    """CPU seconds (user + system) so far of this process (all threads) and its live
+    descendants (loader workers)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    for pid in [os.getpid(), *_children()]:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / tick
+        except (OSError, IndexError, ValueError):
+            pass
+    return total
+
+
 def _hwm_mib(pid: int) -> float:
     try:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
@@ -661,12 +675,14 @@ def measure(bench: Bench, loader: str, cap_s: float, skip: int = 2,
         k += 1
         if k == skip:
             t1, cpu0 = time.perf_counter(), time.process_time()
+            tree0 = _tree_cpu_s()
         elif k > skip:
             samples += _count(batch)
         if k > skip and time.perf_counter() - t1 > cap_s:
             break
     wall = time.perf_counter() - t1
     main_cpu = time.process_time() - cpu0
+    tree_cpu = _tree_cpu_s() - tree0
     rss = [_hwm_mib(p) for p in _children()]
     _close(ld)
     del ld
@@ -694,7 +710,13 @@ def measure(bench: Bench, loader: str, cap_s: float, skip: int = 2,
     return {"samples_per_s": samples / wall, "first_batch_s": first_s, "resume_s": resume_s,
             "peak_rss_mib_per_worker": max(rss) if rss else None, "worker_processes": len(rss),
             "measured_samples": samples,
-            "main_cpu_us_per_sample": main_cpu / max(1, samples) * 1e6}
+            "main_cpu_us_per_sample": main_cpu / max(1, samples) * 1e6,
+            # CPU time of the whole loader (this process's threads + its workers) per
+            # sample: what the loader costs, much less sensitive than samples/s to other
+            # jobs on the machine (on an oversubscribed machine samples/s follows how
+            # many runnable threads a loader has, not how little work it does)
+            "cpu_ms_per_sample": tree_cpu / max(1, samples) * 1e3,
+            "samples_per_cpu_s": samples / tree_cpu if tree_cpu > 0 else None}
 
 
 def versions() -> dict[str, str]:
@@ -756,13 +778,13 @@ def _transform_loop(raw: Raw, seconds: float, start: Any, out: Any,
     tf = transform or raw.transform
     n, i = 0, 0
     start.wait()
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     while time.perf_counter() - t0 < seconds:
         for _ in range(32):
             tf(*raw.raw(i % raw.n))
             i += 1
         n += 32
-    out.put(n / (time.perf_counter() - t0))
+    out.put((n / (time.perf_counter() - t0), n / (time.process_time() - c0)))
 
 
 def transform_ceiling(raw: Raw, workers: int, transform: Callable[..., Any] | None = None,
@@ -781,7 +803,12 @@ def transform_ceiling(raw: Raw, workers: int, transform: Callable[..., Any] | No
     rates = [out.get(timeout=60 + seconds) for _ in procs]
     for p in procs:
         p.join()
-    return float(sum(rates))
+    CEILING_PER_CPU_S.append(float(np.mean([c for _, c in rates])))
+    return float(sum(w for w, _ in rates))
+
+
+#: samples per CPU-second of one ceiling process, per transform_ceiling call
+CEILING_PER_CPU_S: list[float] = []
 
 
 def _summarise(rounds: list[dict[str, Any]]) -> dict[str, Any]:
@@ -792,7 +819,7 @@ def _summarise(rounds: list[dict[str, Any]]) -> dict[str, Any]:
         return rounds[-1]
     out = dict(ok[-1])
     for key in ("samples_per_s", "first_batch_s", "resume_s", "peak_rss_mib_per_worker",
-                "main_cpu_us_per_sample"):
+                "main_cpu_us_per_sample", "cpu_ms_per_sample", "samples_per_cpu_s"):
         vals = [r[key] for r in ok if r.get(key) is not None]
         out[key] = float(np.median(vals)) if vals else None
     rates = [r["samples_per_s"] for r in ok]
@@ -804,16 +831,16 @@ def _summarise(rounds: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-SIZES = {"tiny": 400_000, "aug": 40_000, "jpeg": 40_000, "wds": 80_000, "photo": 16_000}
+SIZES = {"tiny": 400_000, "aug": 40_000, "jpeg": 40_000, "wds": 80_000, "photo": 8_000}
 
 
 def _cell_args(name: str, quick: bool) -> dict[str, Any]:
     if name == "photo":
         # ~0.5 s a batch: time from batch 12 on, when every loader has used up what it
-        # had loaded ahead (ringtrain 8 batches, the others 2-4), for 25 s; a 10 s
-        # warm-up pass; resume 16 batches in.
-        return {"cap_s": 10.0 if quick else 25.0, "skip": 12, "warm_s": 10.0,
-                "resume_batches": 16}
+        # had loaded ahead (ringtrain 8 batches, the others 2-4), for 12 s; a 6 s
+        # warm-up pass; resume 8 batches in.
+        return {"cap_s": 10.0 if quick else 12.0, "skip": 12, "warm_s": 6.0,
+                "resume_batches": 8}
     return {"cap_s": 3.0 if quick else 10.0}
 
 
@@ -857,14 +884,16 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
             raw = bench.raw
             rounds: dict[str, list[dict[str, Any]]] = {}
             ceilings: dict[str, list[float]] = {"transform": [], "decodecrop": []}
+            per_cpu: dict[str, list[float]] = {"transform": [], "decodecrop": []}
             # Rounds interleave the loaders (A B C A B C ...): load from other jobs comes
             # and goes, and interleaving spreads it over every loader alike; the median of
             # the rounds is each loader's figure, the spread shows how much it moved.
             for _ in range(args.repeat):
                 for kind in ("transform", "decodecrop") if name == "photo" else ("transform",):
                     got = _in_child(["--ceiling", name, kind, "--root", str(root), *common], 300)
-                    if isinstance(got, (int, float)):
-                        ceilings[kind].append(float(got))
+                    if isinstance(got, list):
+                        ceilings[kind].append(float(got[0]))
+                        per_cpu[kind].append(float(got[1]))
                 for loader in supported:
                     r = _in_child(["--cell", name, loader, "--root", str(root), *common], 600)
                     rounds.setdefault(loader, []).append(r)
@@ -881,9 +910,13 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                        "batch_size": BATCH, "workers": args.workers,
                        "ceiling_samples_per_s": ceiling,
                        "ceiling_rounds": ceilings["transform"], **cell}
+                rec["ceiling_samples_per_cpu_s"] = (float(np.median(per_cpu["transform"]))
+                                                    if per_cpu["transform"] else None)
                 if dc_ceiling is not None:
                     rec["decodecrop_ceiling_samples_per_s"] = dc_ceiling
                     rec["decodecrop_ceiling_rounds"] = ceilings["decodecrop"]
+                    rec["decodecrop_ceiling_samples_per_cpu_s"] = float(np.median(
+                        per_cpu["decodecrop"]))
                 records.append(rec)
                 print(_line(rec), flush=True)
             shutil.rmtree(root, ignore_errors=True)
@@ -901,7 +934,8 @@ def cell_main(args: argparse.Namespace) -> int:
         kind = args.ceiling[1]
         tf = t_photo_decodecrop if kind == "decodecrop" else None
         secs = 5.0 if name == "photo" else 2.0
-        print("CELL " + json.dumps(transform_ceiling(bench.raw, args.workers, tf, seconds=secs)))
+        wall = transform_ceiling(bench.raw, args.workers, tf, seconds=secs)
+        print("CELL " + json.dumps([wall, CEILING_PER_CPU_S[-1]]))
         return 0
     try:
         r = measure(bench, args.cell[1], **_cell_args(name, args.quick))
@@ -924,7 +958,8 @@ def _line(r: dict[str, Any]) -> str:
             + f"  first {_fmt(r['first_batch_s'], '.2f'):>5s} s  resume "
             f"{_fmt(r['resume_s'], '.2f'):>5s} s  rss/worker "
             f"{_fmt(r.get('peak_rss_mib_per_worker'), '.0f'):>5s} MiB  "
-            f"{_fmt(_share(r), '.2f')} of the ceiling")
+            f"{_fmt(_share(r), '.2f')} of the ceiling  "
+            f"{_fmt(r.get('cpu_ms_per_sample'), '.2f')} CPU ms/sample")
 
 
 def _share(r: dict[str, Any]) -> float | None:
@@ -962,6 +997,10 @@ def targets(records: list[dict[str, Any]]) -> dict[str, Any]:
                                            ours["ceiling_samples_per_s"]) / best["samples_per_s"]
                                   if ours.get("ceiling_samples_per_s") else None),
         }
+        effs = [r["samples_per_cpu_s"] for r in others if r.get("samples_per_cpu_s")]
+        if ours.get("samples_per_cpu_s") and effs:
+            # samples per CPU-second of the whole loader, ours over the most frugal other
+            out[name]["cpu_efficiency_vs_best"] = ours["samples_per_cpu_s"] / max(effs)
         if ours.get("decodecrop_ceiling_samples_per_s"):
             # ringtrain's transform is DecodeCrop: its own ceiling is the second figure
             out[name]["share_of_ceiling"] = (ours["samples_per_s"]
@@ -1320,6 +1359,9 @@ def _main(args: argparse.Namespace) -> int:
                       + ("" if t["reachable_vs_best"] >= t["target"] else
                          f" (below the {t['target']:.1f}x target: no loader can meet it "
                          "with this transform on these cores)"))
+            if t.get("cpu_efficiency_vs_best"):
+                print(f"{name:5s} samples per CPU-second vs the most frugal other: "
+                      f"{t['cpu_efficiency_vs_best']:.2f}x")
             print(f"{name:5s} first batch {t['first_batch_s']:.2f} s vs "
                   f"{t['best_other_first_batch_s']:.2f} s            "
                   f"{'yes' if t['first_batch_met'] else 'NO'}")
