@@ -837,9 +837,9 @@ SIZES = {"tiny": 400_000, "aug": 40_000, "jpeg": 40_000, "wds": 80_000, "photo":
 def _cell_args(name: str, quick: bool) -> dict[str, Any]:
     if name == "photo":
         # ~0.5 s a batch: time from batch 12 on, when every loader has used up what it
-        # had loaded ahead (ringtrain 8 batches, the others 2-4), for 12 s; a 6 s
+        # had loaded ahead (ringtrain 8 batches, the others 2-4), for 10 s; a 5 s
         # warm-up pass; resume 8 batches in.
-        return {"cap_s": 10.0 if quick else 12.0, "skip": 12, "warm_s": 6.0,
+        return {"cap_s": 10.0 if quick else 10.0, "skip": 12, "warm_s": 5.0,
                 "resume_batches": 8}
     return {"cap_s": 3.0 if quick else 10.0}
 
@@ -854,12 +854,24 @@ def _in_child(argv: list[str], timeout: float) -> Any:
     from a clean process, with no threads or workers of the loader measured before it
     (DALI's and FFCV's thread pools, a forked child's OpenMP state); the last line it
     prints is the result, as JSON."""
+    import signal
     import subprocess
-    proc = subprocess.run([sys.executable, __file__, *argv], capture_output=True, text=True,
-                          timeout=timeout)
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("CELL ")]
-    if proc.returncode != 0 or not lines:
-        tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
+    proc = subprocess.Popen([sys.executable, __file__, *argv], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)  # the cell and any worker it left behind
+        out, err = proc.communicate()
+        return {"error": f"no result within {timeout:.0f} s (killed)"}
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)  # workers a loader did not stop
+        except OSError:
+            pass
+    lines = [ln for ln in out.splitlines() if ln.startswith("CELL ")]
+    if not lines:
+        tail = (err or out).strip().splitlines()[-3:]
         return {"error": f"cell process exited {proc.returncode}: {' | '.join(tail)}"[:300]}
     return json.loads(lines[-1][5:])
 
@@ -895,7 +907,7 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                         ceilings[kind].append(float(got[0]))
                         per_cpu[kind].append(float(got[1]))
                 for loader in supported:
-                    r = _in_child(["--cell", name, loader, "--root", str(root), *common], 600)
+                    r = _in_child(["--cell", name, loader, "--root", str(root), *common], 240)
                     rounds.setdefault(loader, []).append(r)
             ceiling = float(np.median(ceilings["transform"])) if ceilings["transform"] else 0.0
             dc_ceiling = float(np.median(ceilings["decodecrop"])) if ceilings["decodecrop"] else None
@@ -941,8 +953,10 @@ def cell_main(args: argparse.Namespace) -> int:
         r = measure(bench, args.cell[1], **_cell_args(name, args.quick))
     except Exception as err:  # noqa: BLE001 - report it as the cell's result
         r = {"error": f"{type(err).__name__}: {err}"[:300]}
-    print("CELL " + json.dumps(r))
-    return 0
+    print("CELL " + json.dumps(r), flush=True)
+    # torchdata.nodes' process workers kept the interpreter from exiting (measured: a
+    # cell past 600 s after its result); the parent kills what is left
+    os._exit(0)
 
 
 def _fmt(v: Any, spec: str) -> str:
