@@ -27,6 +27,7 @@ PNGs, progressive, arithmetic-coded, 12-bit and CMYK JPEGs take the whole-image 
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import math
 from collections.abc import Sequence
@@ -47,6 +48,9 @@ __all__ = ["DecodeCrop", "resize_crop", "dct_scale", "region_backend"]
 log = logging.getLogger("ringtrain.data")
 
 _SAID: list[str] = []  # what has been logged in this process (once each)
+
+# The DCT-scaled path resizes with Pillow (it takes a fractional box); Pillow is optional.
+_HAVE_PILLOW = importlib.util.find_spec("PIL") is not None
 
 
 def region_backend() -> str:
@@ -175,7 +179,9 @@ class DecodeCrop:
             img = decode_image(data)
             return resize_crop(img[top:top + h, left:left + w], self.size, flip)
         m = dct_scale(w, h, self.size)
-        if m == 8:
+        if m == 8 or not _HAVE_PILLOW:
+            # Without Pillow (only in the optional extras) a large box is decoded at full
+            # scale: slower, but the same torch resize as every other box.
             return resize_crop(self._region(tj, data, info, (left, top, w, h), 8), self.size, flip)
         return self._scaled(tj, data, info, (left, top, w, h), m, flip)
 

@@ -24,6 +24,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "benchmarks"))
 from photos import photo_jpegs  # noqa: E402
 
 HAVE_TJ3 = turbojpeg.load() is not None
+NO_TJ3 = ("no libturbojpeg >= 3.0 here (the dev extra's turbojpeg wheel bundles one on "
+          "Linux x86-64; or set RINGTRAIN_TURBOJPEG)")
 
 
 @pytest.fixture(scope="module")
@@ -97,7 +99,7 @@ def test_dct_scale_only_from_twice_the_output() -> None:
 def test_apply_matches_whole_decode_crop_and_pillow_resize(
         photos: list[bytes], backend: str, monkeypatch: pytest.MonkeyPatch) -> None:
     if backend == "region" and not HAVE_TJ3:
-        pytest.skip("no libturbojpeg >= 3.0 here (the dev extra installs one on Linux x86-64)")
+        pytest.skip(NO_TJ3)
     if backend == "whole":
         monkeypatch.setattr(turbojpeg, "_CACHE", [None])
     crop = rt.data.DecodeCrop(224)
@@ -113,7 +115,7 @@ def test_apply_matches_whole_decode_crop_and_pillow_resize(
     assert worst <= 2.0  # the bar; measured 0.21 on this corpus
 
 
-@pytest.mark.skipif(not HAVE_TJ3, reason="no libturbojpeg >= 3.0 here")
+@pytest.mark.skipif(not HAVE_TJ3, reason=NO_TJ3)
 def test_dct_scaled_region_of_a_large_photo_stays_close(photos: list[bytes]) -> None:
     big = Image.open(io.BytesIO(photos[0])).convert("RGB").resize((1600, 1200))
     buf = io.BytesIO()
@@ -124,7 +126,20 @@ def test_dct_scaled_region_of_a_large_photo_stays_close(photos: list[bytes]) -> 
         assert _mad(crop.apply(buf.getvalue(), box), _reference(buf.getvalue(), box, 112, False)) <= 1.0
 
 
-@pytest.mark.skipif(not HAVE_TJ3, reason="no libturbojpeg >= 3.0 here")
+@pytest.mark.skipif(not HAVE_TJ3, reason=NO_TJ3)
+def test_without_pillow_a_large_box_is_decoded_at_full_scale(
+        photos: list[bytes], monkeypatch: pytest.MonkeyPatch) -> None:
+    big = Image.open(io.BytesIO(photos[0])).convert("RGB").resize((1600, 1200))
+    buf = io.BytesIO()
+    big.save(buf, format="JPEG", quality=90)
+    box = (333, 101, 900, 700)
+    assert decodecrop.dct_scale(box[2], box[3], 112) < 8
+    monkeypatch.setattr(decodecrop, "_HAVE_PILLOW", False)
+    out = rt.data.DecodeCrop(112).apply(buf.getvalue(), box)
+    assert _mad(out, _reference(buf.getvalue(), box, 112, False)) <= 1.0
+
+
+@pytest.mark.skipif(not HAVE_TJ3, reason=NO_TJ3)
 @pytest.mark.parametrize("box", [(0, 0, 37, 41), (17, 3, 100, 61), (63, 80, 1, 1)])
 def test_region_at_full_scale_equals_the_whole_decode(photos: list[bytes],
                                                       box: tuple[int, int, int, int]) -> None:
