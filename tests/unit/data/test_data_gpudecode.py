@@ -55,7 +55,10 @@ def cpu_nvjpeg(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 
 @pytest.fixture(scope="module")
 def photos() -> list[bytes]:
-    return photo_jpegs(10, seed=11)
+    try:
+        return photo_jpegs(10, seed=11)
+    except RuntimeError as err:  # neither scikit-learn nor matplotlib (both in the dev extra)
+        pytest.skip(str(err))
 
 
 def _png(data: bytes) -> bytes:
