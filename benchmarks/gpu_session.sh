@@ -6,7 +6,8 @@
 # Steps: benchmarks/gpu_check.py (pinned slots + side-stream copies, a 1-rank NCCL job,
 # ring/ps on device buffers), the real-CUDA loader test, the README demo at 1 rank (NCCL)
 # and at 2 ranks on one GPU (Gloo), examples/gpt_parallel.py with FSDP2 sharding on the
-# GPU, the JPEG decoders with nvJPEG, and, when HOROVOD_TESTS names a checkout of
+# GPU, the JPEG decoders with nvJPEG, DecodeCrop on the GPU (benchmarks/gpu_decode.py:
+# nvJPEG batch decode + crop + resize on the loader's side stream vs CPU workers), and, when HOROVOD_TESTS names a checkout of
 # horovod/horovod (its test/parallel/test_torch.py and test/utils/common.py), that suite
 # at 1 rank with `horovod.torch` resolving to ringtrain.horovod. Wheels for packages the machine
 # lacks (simplejpeg) go in $WHEELS (default .gpu/whl). On a borrowed machine, put the
@@ -68,5 +69,6 @@ step gpt_shard_np1 90 ringrun -np 1 python examples/gpt_parallel.py --steps 30 -
 step demo_np2_one_gpu 120 ringrun -np 2 --oversubscribe python examples/mnist_cnn.py --epochs 2 \
   --checkpoint-dir /tmp/gpu_runs2
 step decoders 100 python3 benchmarks/loader_field.py --decoders
+step gpu_decode 120 python3 benchmarks/gpu_decode.py --files 1024 --batches 15 --json "$OUT/gpu_decode.json"
 if [[ -n ${HOROVOD_TESTS:-} ]]; then export HOROVOD_TESTS; step hvd_test_torch_np1 200 bash -c horovod_suite; fi
 } 2>&1 | tee "$OUT/log"

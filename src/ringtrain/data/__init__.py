@@ -11,6 +11,7 @@ from __future__ import annotations
 from ringtrain.cpus import CpuBudget, cpu_budget
 from ringtrain.data.collate import default_collate
 from ringtrain.data.decode import decode_image
+from ringtrain.data.decodecrop import DecodeCrop
 from ringtrain.data.imagefolder import ImageFolder
 from ringtrain.data.loader import Loader
 from ringtrain.data.order import EpochPlan, FeistelPermutation, ShardPlan, epoch_batches
@@ -34,6 +35,7 @@ __all__ = [
     "ShardCache",
     "ShardPlan",
     "decode_image",
+    "DecodeCrop",
     "default_collate",
     "get_worker_info",
     "WorkerInfo",

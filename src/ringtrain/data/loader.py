@@ -108,6 +108,19 @@ def _check_kind(dataset: Any) -> bool:
                     "(or use a sharded dataset, see rt.data.Shards)")
 
 
+def _image_decoding(dataset: Any) -> str | None:
+    """How the dataset decodes images, for the doctor: ``"whole"`` (whole images, then
+    any crop), ``"DecodeCrop"`` / ``"DecodeCrop(cuda)"``, or None (not known)."""
+    from ringtrain.data.decodecrop import DecodeCrop
+
+    transform = getattr(dataset, "transform", None)
+    if isinstance(transform, DecodeCrop):
+        return "DecodeCrop(cuda)" if transform.device.type == "cuda" else "DecodeCrop"
+    if getattr(dataset, "decode", False) is True and hasattr(dataset, "classes"):
+        return "whole"  # an ImageFolder that decodes every file whole
+    return None
+
+
 class _EpochIterator:
     __slots__ = ("_loader", "_gen")
 
@@ -145,7 +158,10 @@ class Loader:
             page-locked and copies run on a side stream ahead of the loop.
         drop_last: drop the tail that does not fill a batch on every rank (else pad by
             wrapping around, so each rank gets the same number of batches).
-        collate_fn: ``f(list of samples) -> batch`` (runs in the workers).
+        collate_fn: ``f(list of samples) -> batch`` (runs in the workers). When it has an
+            ``on_device(batch, device)`` method (``DecodeCrop(device="cuda").collate``),
+            the loader runs that on each batch in the training process before handing it
+            over: on CUDA on its side stream, ahead of the loop (GPU decode).
         prefetch: batches loaded ahead of the training loop (default 2 per worker).
         rank, world_size: this process's shard; default from ``rt.init()`` or 0 / 1.
         start_method: ``"fork"`` (default on Linux), ``"forkserver"`` or ``"spawn"``.
@@ -249,7 +265,10 @@ class Loader:
         self._indexer: BatchIndexer | ShardIndexer | None = None
         self._gap_from: float | None = None
 
-        stager = DeviceStager(_make_backend(self.device)) if self._cuda else None
+        self._on_device = getattr(collate_fn, "on_device", None)
+        self._images = _image_decoding(dataset)
+        stager = (DeviceStager(_make_backend(self.device), self._on_device) if self._cuda
+                  else None)
         self._feed = WorkerFeed(dataset, self._worker_kwargs, keep=keep, zero_copy=zero_copy,
                                 prefetch=prefetch, stager=stager, pin=self._pin,
                                 device_depth=device_prefetch if self._cuda else 0)
@@ -552,6 +571,8 @@ class Loader:
                 batch = self._feed.next_batch(self._yielded, self.timeout, loop_s)
             else:
                 batch = self._load_here(self._yielded, pinned=False)
+            if self._on_device is not None and not self._cuda:
+                batch = self._on_device(batch, self.device)
         except BaseException:
             # This iteration is over. Iterating again starts fresh workers and goes on
             # right after the last batch handed out (as a resume from state_dict() would):
@@ -570,7 +591,7 @@ class Loader:
         if events.active():
             events.emit("data_wait", t0, t1, samples=plan.batch_len(self._yielded),
                         batch=self._yielded, batches=plan.num_batches, epoch=plan.epoch,
-                        workers=self.num_workers, source="Loader")
+                        workers=self.num_workers, source="Loader", images=self._images)
         self._yielded += 1
         self.batches_yielded += 1
         if self._tuner is not None and self._gap_from is not None:

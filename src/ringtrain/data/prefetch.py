@@ -65,6 +65,7 @@ class StagerBackend(Protocol):
     def unregister(self, ptr: int) -> None: ...
     def host_alloc(self, nbytes: int) -> np.ndarray: ...
     def copy(self, host: Any, non_blocking: bool) -> tuple[Any, Any, Any]: ...
+    def run(self, fn: Callable[[Any, Any], Any], host: Any) -> tuple[Any, Any, Any]: ...
     def done(self, event: Any) -> bool: ...
     def wait(self, event: Any) -> None: ...
     def hand_over(self, batch: Any, event: Any) -> None: ...
@@ -104,6 +105,17 @@ class CudaBackend:
             end.record(self.stream)
         return dev, start, end
 
+    def run(self, fn: Callable[[Any, Any], Any], host: Any) -> tuple[Any, Any, Any]:
+        """``fn(host, device)`` on the side stream between two events (a device stage
+        such as GPU decode, which reads the host batch itself)."""
+        start = torch.cuda.Event(enable_timing=True)
+        end = torch.cuda.Event(enable_timing=True)
+        with torch.cuda.device(self.device), torch.cuda.stream(self.stream):
+            start.record(self.stream)
+            dev = fn(host, self.device)
+            end.record(self.stream)
+        return dev, start, end
+
     def done(self, event: Any) -> bool:
         return bool(event.query())
 
@@ -134,8 +146,12 @@ class _Staged:
 class DeviceStager:
     """Batches copied (or being copied) to the device, oldest first."""
 
-    def __init__(self, backend: StagerBackend) -> None:
+    def __init__(self, backend: StagerBackend,
+                 on_device: Callable[[Any, Any], Any] | None = None) -> None:
         self.backend = backend
+        #: ``fn(host batch, device) -> device batch`` run on the side stream instead of
+        #: a plain copy (a collate_fn's ``on_device`` stage, e.g. GPU decode).
+        self.on_device = on_device
         self._ready: deque[_Staged] = deque()  # staged, not handed out yet
         self._copying: deque[_Staged] = deque()  # host memory not released yet
         self.last_h2d_s = 0.0
@@ -146,7 +162,10 @@ class DeviceStager:
 
     def stage(self, host: Any, pinned: bool, release: Callable[[], None] | None) -> None:
         """Start copying ``host`` to the device; ``release`` runs once it is copied."""
-        dev, start, end = self.backend.copy(host, non_blocking=pinned)
+        if self.on_device is not None:
+            dev, start, end = self.backend.run(self.on_device, host)
+        else:
+            dev, start, end = self.backend.copy(host, non_blocking=pinned)
         st = _Staged(dev, start, end, release, host, time.perf_counter())
         self._ready.append(st)
         self._copying.append(st)

@@ -248,6 +248,8 @@ class Session:
             "summary": self.summary("all"), "series": cols, "gpu_series": gpu_series,
             "cpu": _cpu_facts(f.local_size),
             "loader": {"workers": info.get("workers"), "source": info.get("source"),
+                       # how the dataset decodes images, when the loader knows (doctor advice)
+                       **({"images": info["images"]} if info.get("images") else {}),
                        "batches": info.get("batches")},
             "settings": {"fusion_mb": settings.fusion_mb},
             "timeline": trace,

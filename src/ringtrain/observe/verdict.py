@@ -81,6 +81,8 @@ class RankView:
     shard_bytes_per_step: float = 0.0
     #: What the pipeline reported: stages, microbatches, stage (None: no pipeline).
     pipeline: dict[str, Any] | None = None
+    #: How the loader's dataset decodes images: "whole", "DecodeCrop", "DecodeCrop(cuda)"
+    images: str | None = None
 
     @property
     def data_share(self) -> float:
@@ -118,6 +120,7 @@ def rank_view(report: dict[str, Any]) -> RankView:
         shard_share=float((par.get("shard_comm") or {}).get("share", 0.0)),
         shard_bytes_per_step=float(par.get("shard_bytes_per_step", 0.0)),
         pipeline=par.get("pipeline"),
+        images=loader.get("images"),
     )
 
 
@@ -173,6 +176,7 @@ def _input_advice(r: RankView) -> list[str]:
             "sample cheaper (decode/resize once and store the result, e.g. with "
             "rt.data.RecordWriter; lighter augmentation), or give each rank more CPUs "
             "(fewer ranks per host).")
+    advice += _image_advice(r)
     copy = r.shares.get("h2d_copy", 0.0)
     if copy >= _COPY_SHARE:
         advice.append(
@@ -196,6 +200,25 @@ def _lowcomm_advice(r: RankView) -> list[str]:
         f"(or rt.LocalSGD): a step would take ~{_ms(step)} instead of {_ms(r.step_s)} "
         f"({r.step_s / step:.1f}x) with {h}x fewer bytes, at a cost in convergence: compare the "
         "loss after the same samples (docs/lowcomm.md; `ringtrain plan --lowcomm` predicts each H)."]
+
+
+def _image_advice(r: RankView) -> list[str]:
+    """Photos decoded whole and then cropped: decode only the crop (CPU), or on the GPU."""
+    gpu_idle = r.gpu is not None and r.busy < 1.0 - BOUND_SHARE
+    advice: list[str] = []
+    if r.images == "whole":
+        advice.append(
+            "the dataset decodes every image whole before its crop: rt.data.ImageFolder(root, "
+            "decode=False, transform=rt.data.DecodeCrop(224)) draws the RandomResizedCrop box "
+            "first and decodes only that region (with libjpeg-turbo 3), then resizes "
+            "(docs/data.md, \"DecodeCrop\").")
+    if r.images in ("whole", "DecodeCrop") and gpu_idle:
+        advice.append(
+            f"the GPU is busy only {_pct(r.busy)} of the step: decode on it instead, "
+            "crop = rt.data.DecodeCrop(224, device='cuda') as the transform and "
+            "rt.data.Loader(..., device='cuda', collate_fn=crop.collate) (nvJPEG, on the "
+            "loader's side stream).")
+    return advice
 
 
 def _exchange_advice(r: RankView, worst_wait_rank: RankView) -> list[str]:

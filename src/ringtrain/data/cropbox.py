@@ -1,0 +1,76 @@
+"""Where a random-resized crop falls: the box sampling of torchvision's ``RandomResizedCrop``.
+
+The sampling (Szegedy et al. 2015, "Going deeper with convolutions", as torchvision
+implements it and documents it): up to ten tries of an area fraction uniform in
+``scale`` and an aspect ratio log-uniform in ``ratio``; the first box that fits in the
+image is placed uniformly at random; after ten misses, the largest centred box whose
+aspect is clamped into ``ratio``. Random numbers come from torch's global CPU generator,
+drawn in torchvision's order (area, log-ratio, then top, then left; a flip after it
+with one ``torch.rand``), so with the same torch seed the boxes are torchvision's; the
+loader seeds that generator per batch from the batch's position (``seed_workers``), so a
+resumed run draws the same boxes.
+
+Pure functions; no image is touched here.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+
+from ringtrain.errors import DataError
+
+__all__ = ["Box", "random_resized_box", "draw_flip", "check_range"]
+
+#: ``(left, top, width, height)`` in pixels of the source image.
+Box = tuple[int, int, int, int]
+
+
+def check_range(name: str, value: Sequence[float], positive: bool = True) -> tuple[float, float]:
+    """``value`` as a ``(low, high)`` pair with ``0 < low <= high``; else a DataError."""
+    try:
+        low, high = (float(v) for v in value)
+    except (TypeError, ValueError):
+        raise DataError(f"{name} must be a (low, high) pair of numbers, got {value!r}") from None
+    if not (low <= high and (low > 0 or not positive)):
+        raise DataError(f"{name} must be (low, high) with 0 < low <= high, got {value!r}")
+    return low, high
+
+
+def _uniform(low: float, high: float) -> float:
+    return float(torch.empty(1).uniform_(low, high).item())
+
+
+def random_resized_box(width: int, height: int, scale: tuple[float, float] = (0.08, 1.0),
+                       ratio: tuple[float, float] = (3 / 4, 4 / 3), tries: int = 10) -> Box:
+    """A random-resized-crop box of a ``width`` x ``height`` image (see the module
+    docstring), drawn from torch's global generator."""
+    area = width * height
+    log_lo, log_hi = math.log(ratio[0]), math.log(ratio[1])
+    for _ in range(tries):
+        target = area * _uniform(scale[0], scale[1])
+        aspect = math.exp(_uniform(log_lo, log_hi))
+        w = int(round(math.sqrt(target * aspect)))
+        h = int(round(math.sqrt(target / aspect)))
+        if 0 < w <= width and 0 < h <= height:
+            top = int(torch.randint(0, height - h + 1, size=(1,)).item())
+            left = int(torch.randint(0, width - w + 1, size=(1,)).item())
+            return left, top, w, h
+    # Ten misses (a very long or very tall image, or a scale range above 1): the whole
+    # image, cut to the nearest allowed aspect, centred.
+    in_ratio = width / height
+    if in_ratio < ratio[0]:
+        w, h = width, int(round(width / ratio[0]))
+    elif in_ratio > ratio[1]:
+        w, h = int(round(height * ratio[1])), height
+    else:
+        w, h = width, height
+    return (width - w) // 2, (height - h) // 2, w, h
+
+
+def draw_flip(p: float) -> bool:
+    """A horizontal flip with probability ``p``: one draw whatever ``p``, as
+    RandomHorizontalFlip does, so the generator stays in step with torchvision's."""
+    return bool(torch.rand(1).item() < p)

@@ -1,0 +1,32 @@
+"""ringtrain doctor on a photo job that decodes whole images: it names DecodeCrop."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from ringtrain.observe import doctor
+
+SCRIPTS = Path(__file__).parent / "scripts"
+BIN = Path(sys.executable).parent
+
+
+@pytest.mark.timeout(120)
+def test_input_bound_photo_script_is_told_to_use_decodecrop(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("PIL")
+    pytest.importorskip("sklearn")
+    monkeypatch.setenv("PATH", f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}")
+    monkeypatch.setenv("RINGTRAIN_PROGRESS", "0")
+    code = doctor.main(["--out", str(tmp_path / "doc"), "--no-plot", "-q", "--steps", "6",
+                        "--warmup", "4", "--", "python",
+                        str(SCRIPTS / "observe_photos_input_bound.py")])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "verdict: INPUT-BOUND" in out
+    assert "transform=rt.data.DecodeCrop(224)" in out
+    reports = doctor.load_reports(tmp_path / "doc")
+    assert reports[0]["loader"]["images"] == "whole"
