@@ -148,6 +148,41 @@ def _sets_and_reinit(path: str) -> dict[str, Any]:
     return out
 
 
+def _set_used_before_registered_here() -> list[float]:
+    import os
+    import time
+
+    os.environ["RINGTRAIN_STALL_TIMEOUT"] = "20"
+    import ringtrain.horovod as hvd
+    from ringtrain.horovod import _coordinator
+
+    hvd.init()
+    if hvd.rank() == 0:
+        # Rank 0 is slow to register the set (a loaded machine): rank 1 registers it and
+        # submits an allreduce on it before rank 0's coordinator knows the set.
+        bind = _coordinator.ProcessSet._bind
+
+        def slow_bind(self: Any, *args: Any) -> None:
+            time.sleep(1.5)
+            bind(self, *args)
+
+        _coordinator.ProcessSet._bind = slow_bind  # type: ignore[method-assign]
+    both = hvd.add_process_set([0, 1])
+    got = [hvd.allreduce(torch.tensor([float(hvd.rank() + 1)]), op=hvd.Sum, process_set=both).item()
+           for _ in range(2)]
+    hvd.shutdown()
+    return got
+
+
+@pytest.mark.timeout(60)
+def test_a_set_used_by_a_faster_rank_before_this_one_registered_it() -> None:
+    """The race behind a rare CI stall: the cycle that brought rank 1's operation in a set
+    rank 0 had not registered yet failed it on rank 0 as "not registered on every rank"
+    (silently: rank 0 had not submitted it yet), and rank 0's own submission then waited
+    for rank 1 for ever. Now rank 0 waits for its add_process_set."""
+    assert run_world(_set_used_before_registered_here, 2, init=False, timeout=50) == [[3.0, 3.0]] * 2
+
+
 @pytest.mark.timeout(120)
 def test_process_sets_reinit_and_timeline(tmp_path: Path) -> None:
     path = tmp_path / "timeline.json"

@@ -121,6 +121,7 @@ class Engine:
         # Names are per process set, as in Horovod: (set id, name) identifies an operation.
         self._pending: dict[tuple[int, str], PendingOp] = {}  # this rank's, not finished yet
         self._table: dict[tuple[int, str], _Entry] = {}  # the job's, not run yet
+        self._running: set[tuple[int, str]] = set()  # decided by every member, in the backend now
         self._order = itertools.count()
         self._cycle = 0  # the cycle the next submission goes into
         self._signalled = -1
@@ -153,11 +154,13 @@ class Engine:
                                   f"(id {other.process_set_id})")
         cpu = dist.new_group(ranks, backend="gloo")
         cuda = dist.new_group(ranks, backend=self._cuda_backend) if self._cuda_backend else None
-        set_id = self._next_set_id
-        self._next_set_id += 1
+        set_id = self._next_set_id  # (only the script's thread registers sets)
         ps._bind(set_id, ranks, self.rank, cpu)
         with self._lock:
+            # Together, under the lock: the cycle thread tells a set registered on a
+            # faster rank only (id >= _next_set_id) from a removed one by this counter.
             self.sets[set_id] = (ps, Group(ranks, cpu, cuda))
+            self._next_set_id = set_id + 1
         return ps
 
     def remove_process_set(self, ps: ProcessSet) -> bool:
@@ -273,8 +276,17 @@ class Engine:
             came = sorted(entry.metas) if entry else [self.rank]
             members = self.sets[meta.set_id][1].ranks if meta.set_id in self.sets else []
             joined = sorted(self._joined)
+            running = meta.key in self._running
         missing = [r for r in members if r not in came and r not in joined]
         runtime.mark_broken(f"{meta.kind} {meta.name!r} stalled")
+        if running:
+            # Every member submitted it: the wait is in the backend's transfer, not in
+            # the negotiation (naming a "missing" rank here would send the user astray).
+            return StallError(
+                f"{meta.kind} {meta.name!r} did not complete within {timeout:g} s: every member of "
+                f"process set {meta.set_id} (ranks {members}) submitted it and its transfer on the "
+                "backend has not finished (a peer that stopped answering, or a lost connection); "
+                "RINGTRAIN_STALL_TIMEOUT sets the limit")
         return StallError(
             f"{meta.kind} {meta.name!r} did not complete within {timeout:g} s: submitted by "
             f"rank(s) {came}, still missing rank(s) {missing or 'none (the job stopped)'}; "
@@ -338,6 +350,11 @@ class Engine:
             first = entry.metas[min(entry.metas)]
             members = self.sets[first.set_id][1].ranks if first.set_id in self.sets else None
             if members is None:
+                if first.set_id >= self._next_set_id:
+                    # A faster rank registered the set and already used it; this rank's
+                    # add_process_set is on its way (it is collective): wait for it, as
+                    # for a member that has not submitted yet.
+                    continue
                 ready.append((entry.order, key, entry,
                               f"process set {first.set_id} of {name!r} is not registered on every rank"))
                 continue
@@ -385,15 +402,22 @@ class Engine:
             if self.rank not in group.ranks:
                 continue  # not a member: the members run it
             t0 = time.perf_counter()
+            keys = {m.key for m, _ in items}
+            with self._lock:
+                self._running |= keys
             try:
                 results = self._run_op(kind, group, items, mine)
             except Exception as exc:  # noqa: BLE001 - the op's error goes to its handles
+                with self._lock:
+                    self._running -= keys
                 for h in mine:
                     if h is not None:
                         self._complete(h, error=CollectiveError(
                             f"{kind} of {h.meta.name!r} failed on rank {self.rank}: {first_line(exc, None)}"))
                 continue
             t1 = time.perf_counter()
+            with self._lock:
+                self._running -= keys
             for h, res in zip(mine, results, strict=True):
                 if h is not None:
                     self.trace.ran(h.meta, h.submitted_at, t0, t1)
