@@ -444,6 +444,25 @@ def scenario_removed_while_running(tmp: Path) -> _Job:
     return job
 
 
+def test_a_removed_host_that_vanishes_is_announced_as_lost(tmp_path: Path) -> None:
+    """The script drops nodeb and nodeb's link goes down at once: its worker never leaves
+    at the commit, and the survivors may be blocked on its connections. The same world is
+    announced again with nodeb's address, so they sever them."""
+    job = _running(tmp_path, discovery_script="hosts.sh")
+    job.discovery.list([Host("127.0.0.1", 2), Host("nodeb", 1)])
+    job.step()
+    assert job.step() is S.FORMING
+    job.join_all()
+    assert job.step() is S.RUNNING and job.driver.world == [0, 1, 2]
+    job.discovery.list([Host("127.0.0.1", 2)])
+    assert job.step() is S.FORMING and job.workers.removed == [([2], 2)]
+    job.workers.made["nodeb"].gone = True
+    assert job.step() is S.FORMING
+    assert job.workers.launched[-1] == {"version": 3, "world": [0, 1], "new": [], "lost": ["10.0.0.7"],
+                                        "reason": "lost host(s) nodeb"}
+    assert "nodeb" not in job.workers.hosts
+
+
 def scenario_short_while_running_then_a_host_comes(tmp: Path) -> _Job:
     """Below --min-np with --elastic-timeout: the survivor waits; a new host makes the
     next world (the failed host stays blacklisted)."""

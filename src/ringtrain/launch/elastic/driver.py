@@ -124,6 +124,8 @@ class Driver:
         self.changed_at = time.monotonic()
         self.resets = 0
         self.cancelled: set[int] = set()
+        #: Workers told to leave (their slots are no longer listed): exit 0 expected.
+        self.removing: set[int] = set()
         #: WAITING: when the job gives up waiting for hosts (--elastic-timeout).
         self.waiting_until = 0.0
         #: WAITING: hosts that joined, whose workers start with the next world.
@@ -269,9 +271,12 @@ class Driver:
                 f"{self._where(order)} ({took:.1f} s after it was announced)")
             self._on(Event.FORMED)
 
-    def _exit_codes(self) -> tuple[list[int], list[int]]:
+    def _exit_codes(self) -> tuple[list[int], list[int], list[int]]:
+        """Workers that exited since the last look: finished (0), dead (in a world), and
+        removed ones that did not leave cleanly (their host vanished first)."""
         finished: list[int] = []
         dead: list[int] = []
+        lost_removed: list[int] = []
         for proc in self.procs.values():
             if proc.code is not None:
                 continue
@@ -282,11 +287,20 @@ class Driver:
             proc.code = code
             if proc.id in self.cancelled:
                 continue
+            if proc.id in self.removing:
+                self.removing.discard(proc.id)
+                if code != 0:
+                    lost_removed.append(proc.id)
+                continue
             (finished if code == 0 else dead).append(proc.id)
-        return finished, dead
+        return finished, dead, lost_removed
 
     def _exits(self) -> None:
-        finished, dead = self._exit_codes()
+        finished, dead, lost_removed = self._exit_codes()
+        if lost_removed and self.state is not JobState.FINISHING:
+            self._removed_lost(lost_removed)
+            if self.ended:
+                return
         dead = [w for w in dead if w in self.world]  # not yet in a world: nothing to re-form
         if dead:
             if self.state is JobState.FINISHING:
@@ -366,6 +380,23 @@ class Driver:
         if not self._change(survivors, [], lost, reason, Event.LOST):
             raise LaunchError("no surviving worker can host the rendezvous of a multi-host world "
                               "(its port is on loopback); pass --network-interface")
+
+    def _removed_lost(self, workers: list[int]) -> None:
+        """Workers told to leave died instead (their host went down as the discovery
+        script dropped it): the survivors may be blocked on its connections, which a
+        host that vanished silently never closes. The same world again, told the lost
+        host's addresses, frees them (they sever those connections at once)."""
+        for w in workers:
+            say(f"elastic: {self._describe(w)} (it was leaving the job)")
+        hosts = {self.procs[w].host for w in workers}
+        gone = [h for h in hosts if h in self.hosts
+                and all(self.procs[x].code is not None for x in self.hosts[h].workers)]
+        lost = sorted({a for h in gone for a in self.hosts[h].addresses
+                       if self.hosts[h].remote is not None and not addresses.is_loopback(a)})
+        for h in gone:
+            self._forget(h)
+        if lost and self.state in (JobState.FORMING, JobState.RUNNING):
+            self._change(list(self.world), [], lost, f"lost host(s) {', '.join(sorted(gone))}", Event.LOST)
 
     def _short(self, survivors: list[int], reason: str) -> bool:
         """Fewer than ``--min-np`` left: wait for hosts (``--elastic-timeout``, WAITING) or
@@ -577,9 +608,9 @@ class Driver:
         if self._short(survivors, reason):
             self._cancel(removed)
             return True
-        self.cancelled.update(removed)  # their exit is expected, not a failure or the end
+        self.removing.update(removed)  # their exit is expected, not a failure or the end
         if not self._change(survivors, [], [], reason, Event.REMOVED):
-            self.cancelled.difference_update(removed)
+            self.removing.difference_update(removed)
             return False
         self.workers.remove(removed, self.version, reason)
         return True
