@@ -9,8 +9,9 @@ run): hosts added then removed, a rank failing, and a host failing, coming back 
 ``--blacklist-cooldown-range 1 2`` and failing again. ringrun's stderr lines are stamped
 as they arrive, and each step is the time between two of them:
 
-- grow: ringrun takes the new host -> the larger world has formed (its ranks started,
-  loaded torch, joined at the next commit);
+- grow: ringrun takes the new host (at most a discovery round, 1 s, after the script
+  lists it) -> the larger world has formed (its ranks started, loaded torch, joined at
+  the next commit);
 - shrink: ringrun writes the world without the host the script dropped -> formed;
 - failure: ringrun sees the failed rank's exit -> the smaller world, without the rank's
   host, has formed;
@@ -97,7 +98,8 @@ def one_round() -> dict[str, float]:
     return out
 
 
-STEPS = [("grow", "grow: host listed -> the larger world formed (new ranks started, joined at a commit)"),
+STEPS = [("grow", "grow: ringrun takes the listed host -> the larger world formed (its ranks started, "
+                  "imported torch, joined at the next commit)"),
          ("shrink", "shrink: host dropped by the script -> the smaller world formed"),
          ("failure", "a rank SIGKILLed -> the world without its host formed"),
          ("failure_host", "a rank raised -> the world without its host formed"),
