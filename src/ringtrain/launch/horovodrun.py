@@ -141,10 +141,8 @@ def _gather(args: argparse.Namespace, environ: Mapping[str, str]) -> tuple[dict[
     """Every destination's value (command line, then --config-file, then HOROVOD_*), where
     each came from, and the config file's warnings."""
     values = {f.dest: getattr(args, f.dest) for f in FLAGS}
-    source = {d: "" for d, v in values.items() if v is not None}
     names = {f.dest: f.names[-1] for f in FLAGS}
-    for d in source:
-        source[d] = names[d]
+    source = {d: names[d] for d, v in values.items() if v is not None}
     warnings: list[str] = []
     layers = []
     if values["config_file"]:

@@ -164,22 +164,22 @@ class JobWorkers:
                hvd: dict[int, dict[str, str]], size: int, rank0: WorkerProc,
                held: dict[int, socket.socket], version: int) -> None:
         cfg = self.cfg
-        net_env = ({"GLOO_SOCKET_IFNAME": cfg.network_interface, "NCCL_SOCKET_IFNAME": cfg.network_interface}
+        job_env = ({"GLOO_SOCKET_IFNAME": cfg.network_interface, "NCCL_SOCKET_IFNAME": cfg.network_interface}
                    if cfg.network_interface else {})
         if cfg.elastic is not None and cfg.elastic.elastic_timeout > 0:
             # Survivors of a loss wait for their next world as long as ringrun waits for
             # hosts (--elastic-timeout), and a little more for the world to be written.
-            net_env["RINGTRAIN_REFORM_WAIT"] = f"{cfg.elastic.elastic_timeout + 30:g}"
+            job_env["RINGTRAIN_REFORM_WAIT"] = f"{cfg.elastic.elastic_timeout + 30:g}"
         if "TORCH_CPP_LOG_LEVEL" not in os.environ and "TORCH_CPP_LOG_LEVEL" not in cfg.extra_env:
             # A lost peer is expected here: c10d would log each of the store's broken
             # connections (rank 0's store dies with it) as a warning with a C++ trace.
             # ringrun and the new rank 0 say what happened in one line each instead.
-            net_env["TORCH_CPP_LOG_LEVEL"] = "ERROR"
+            job_env["TORCH_CPP_LOG_LEVEL"] = "ERROR"
         host.workers.extend(ids)
         if host.remote is not None:
             base = forwarded_env(os.environ, cfg.extra_env)
             base.update(cfg.settings_env)
-            base.update(net_env)
+            base.update(job_env)
             items = []
             for w in ids:
                 env = dict(base)
@@ -197,7 +197,7 @@ class JobWorkers:
             p = places[w]
             full = dict(os.environ)
             full.update(cfg.settings_env)
-            full.update(net_env)
+            full.update(job_env)
             full.update(worker_env(p, size, rank0.addr, rank0.port, 0, self.run_id, {}))
             full.update(hvd[p.rank])
             full.update(cfg.extra_env)
