@@ -26,6 +26,10 @@ def _exactly_once(seen: dict[str, list[int]], samples: int, epochs: int) -> None
         assert sorted(ids) == list(range(samples)), f"epoch {epoch}: a sample lost or repeated"
 
 
+# `make test` shrinks the rt.elastic job below (the same driver, the same in-place reset)
+# and runs hvd.elastic through a killed worker (test_horovod_training.py); this job and
+# horovodrun's elastic scenarios are hvd.elastic's in-place shrink (system tier).
+@pytest.mark.system
 @pytest.mark.timeout(300)
 def test_horovod_job_shrinks_in_place_when_a_rank_dies(tmp_path: Path) -> None:
     """A Horovod elastic script under ringrun --min-np/--max-np loses rank 2 mid-epoch and
@@ -103,6 +107,7 @@ def test_diloco_job_shrinks_in_place_and_syncs_one_model(tmp_path: Path) -> None
     assert_no_orphans(marker)
 
 
+@pytest.mark.system  # the rule itself is a driver scenario in test_launch_elastic_driver.py
 @pytest.mark.timeout(180)
 def test_fewer_ranks_than_min_np_end_the_job(tmp_path: Path) -> None:
     marker = new_marker()

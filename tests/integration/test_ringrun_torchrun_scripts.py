@@ -36,12 +36,12 @@ def torchrun_weights(tmp_path_factory: pytest.TempPathFactory) -> dict[str, torc
 
 
 @pytest.mark.timeout(220)
-# ringrun's side is the same for the three ways a script joins (its reservation of rank
-# 0's port and torchrun's environment): `make test` runs each way once, with and
-# without --master-port and with ringtrain joining the script's group; `make test-system`
-# the other combinations.
+# ringrun's side is the same for the ways a script joins (its reservation of rank 0's
+# port and torchrun's environment): `make test` runs a plain torchrun script and one that
+# ringtrain joins; `make test-system` the other combinations (--master-port among them).
 @pytest.mark.parametrize("mode,fixed_port", [
-    ("gloo", False), ("env", True), ("rt-after", False),
+    ("gloo", False), ("rt-after", False),
+    pytest.param("env", True, marks=pytest.mark.system),
     pytest.param("none", False, marks=pytest.mark.system),
     pytest.param("env", False, marks=pytest.mark.system),
     pytest.param("gloo", True, marks=pytest.mark.system),
