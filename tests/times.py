@@ -2,6 +2,7 @@
 
     python tests/times.py --tier fast --hog --write      # what `make test-times` runs
     python tests/times.py --tier system -- -x            # args after -- go to pytest
+    python tests/times.py --tier system --from DIR --write   # read a run measured elsewhere
 
 Runs pytest on one tier (``fast``: ``-m "not system"``, what ``make test`` runs;
 ``system``: ``-m system``; ``all``) with ``tests/timing.py`` switched on, optionally
@@ -11,6 +12,13 @@ cgroup, when this machine lets us make one), Python interpreters started, idle s
 (the wall time the test's processes left unused on the cores they could have had:
 ``wall - cpu / (cores - the hog's share)``) and seconds the pytest process slept.
 ``--write`` replaces the tier's table in docs/testing.md.
+
+``--from DIR`` reads the records of a run that was measured without this script, such
+as a whole ``bash .ci/run`` (both tiers in one run): start it with ``RINGTEST_TIMES=
+DIR/records.jsonl``, ``RINGTEST_STARTS=DIR/starts.txt``, ``tests/timing_site`` on
+``PYTHONPATH`` and, for the CPU columns, ``RINGTEST_CGROUP`` (a cgroup's CPU counter file,
+the run inside that cgroup) and ``RINGTEST_HOG_PID`` (the busy loop beside it, outside).
+Each record says whether its test is in the system tier, so one run gives both tables.
 """
 
 from __future__ import annotations
@@ -51,6 +59,14 @@ def make_cgroup() -> tuple[Path | None, str]:
 
 def file_of(nodeid: str) -> str:
     return nodeid.split("::", 1)[0]
+
+
+def in_tier(records: list[dict], starts: list[str], tier: str) -> tuple[list[dict], list[str]]:
+    """The records (and interpreter starts) of one tier's tests."""
+    if tier == "all":
+        return records, starts
+    keep = {r["nodeid"] for r in records if r.get("system", False) == (tier == "system")}
+    return [r for r in records if r["nodeid"] in keep], [s for s in starts if s in keep]
 
 
 def aggregate(records: list[dict], starts: list[str], cores: int) -> list[dict]:
@@ -97,9 +113,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tier", choices=sorted(TIERS), default="fast")
     parser.add_argument("--hog", action="store_true", help="run a busy loop beside the suite, as CI's load")
     parser.add_argument("--write", action="store_true", help="replace the tier's table in docs/testing.md")
+    parser.add_argument("--from", dest="source", type=Path, metavar="DIR",
+                        help="read records.jsonl and starts.txt of a run measured elsewhere (see above)")
+    parser.add_argument("--note", default="", help="with --from: how that run was made (goes under the table)")
     parser.add_argument("pytest_args", nargs="*", help="more pytest arguments (after --)")
     args = parser.parse_args(argv)
 
+    if args.source is not None:
+        return report(args, args.source, None, args.note or "measured elsewhere")
     work = Path(tempfile.mkdtemp(prefix="ringtest-times-"))
     records_path, starts_path = work / "records.jsonl", work / "starts.txt"
     cgroup, counter = make_cgroup()
@@ -131,17 +152,28 @@ def main(argv: list[str] | None = None) -> int:
                 cgroup.rmdir()
             except OSError:
                 pass  # a process of the suite still in it; the empty group goes at reboot
-    records = [json.loads(line) for line in records_path.read_text().splitlines()] if records_path.exists() else []
+    how = (f"{'beside a busy loop' if args.hog else 'quiet'}, {os.cpu_count()} cores: pytest exited "
+           f"{code} after {elapsed:.0f} s wall")
+    report(args, work, counter, how)
+    return code
+
+
+def report(args: argparse.Namespace, work: Path, counter: str | None, how: str) -> int:
+    """Print (and with --write, put in docs/testing.md) the tier's table from work's records."""
+    records_path, starts_path = work / "records.jsonl", work / "starts.txt"
+    if not records_path.exists():
+        raise SystemExit(f"{records_path} does not exist: measure a run first (see tests/times.py's --from)")
+    records = [json.loads(line) for line in records_path.read_text().splitlines() if line]
     starts = starts_path.read_text().splitlines() if starts_path.exists() else []
-    rows = aggregate(records, starts, os.cpu_count() or 1)
-    text = table(rows, have_cpu=bool(counter))
-    summary = (f"\n{args.tier} tier, {'beside a busy loop' if args.hog else 'quiet'}, "
-               f"{os.cpu_count()} cores: pytest exited {code} after {elapsed:.0f} s wall "
-               f"({time.strftime('%Y-%m-%d')}).\n")
+    records, starts = in_tier(records, starts, args.tier)
+    # a run measured elsewhere had CPU columns if any test saw its cgroup's counter move
+    have_cpu = bool(counter) if counter is not None else any(r["cpu"] > 0 for r in records)
+    text = table(aggregate(records, starts, os.cpu_count() or 1), have_cpu=have_cpu)
+    summary = f"\n{args.tier} tier, {how} ({time.strftime('%Y-%m-%d')}).\n"
     print(text + summary)
     if args.write:
         write_doc(args.tier, text + summary)
-    return code
+    return 0
 
 
 if __name__ == "__main__":
