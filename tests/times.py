@@ -154,16 +154,21 @@ def main(argv: list[str] | None = None) -> int:
                 pass  # a process of the suite still in it; the empty group goes at reboot
     how = (f"{'beside a busy loop' if args.hog else 'quiet'}, {os.cpu_count()} cores: pytest exited "
            f"{code} after {elapsed:.0f} s wall")
-    report(args, work, counter, how)
-    return code
+    # no records (e.g. a collection error: pytest's output says what): its code stands
+    return code if report(args, work, counter, how) == 0 else code or 1
 
 
 def report(args: argparse.Namespace, work: Path, counter: str | None, how: str) -> int:
     """Print (and with --write, put in docs/testing.md) the tier's table from work's records."""
     records_path, starts_path = work / "records.jsonl", work / "starts.txt"
     if not records_path.exists():
-        raise SystemExit(f"{records_path} does not exist: measure a run first (see tests/times.py's --from)")
+        print(f"{records_path} does not exist: start the run with RINGTEST_TIMES={records_path} "
+              "(see tests/times.py's --from)", file=sys.stderr)
+        return 1
     records = [json.loads(line) for line in records_path.read_text().splitlines() if line]
+    if not records:
+        print(f"no test records in {records_path} ({how}): no table", file=sys.stderr)
+        return 1
     starts = starts_path.read_text().splitlines() if starts_path.exists() else []
     records, starts = in_tier(records, starts, args.tier)
     # a run measured elsewhere had CPU columns if any test saw its cgroup's counter move
