@@ -1365,13 +1365,13 @@ def _main(args: argparse.Namespace) -> int:
         print("\ntarget (ringtrain vs the best other)   value    target  met")
         for name, t in summary.items():
             print(f"{name:5s} samples/s vs {t['best_other']:19s} {t['throughput_vs_best']:5.2f}x"
-                  f"  {t['target']:.1f}x    {'yes' if t['throughput_met'] else 'NO'}")
+                  f"  {t['target']:g}x    {'yes' if t['throughput_met'] else 'NO'}")
             if t["reachable_vs_best"] is not None:
                 print(f"{name:5s} share of the ceiling {t['share_of_ceiling']:.2f} vs "
                       f"{t['best_other_share_of_ceiling']:.2f}: at most "
                       f"{t['reachable_vs_best']:.2f}x was reachable"
                       + ("" if t["reachable_vs_best"] >= t["target"] else
-                         f" (below the {t['target']:.1f}x target: no loader can meet it "
+                         f" (below the {t['target']:g}x target: no loader can meet it "
                          "with this transform on these cores)"))
             if t.get("cpu_efficiency_vs_best"):
                 print(f"{name:5s} samples per CPU-second vs the most frugal other: "
