@@ -1,6 +1,6 @@
 """A tiny, fully deterministic training job for the launcher's multi-host and chaos tests.
 
-    ringrun -np 2 --max-restarts 3 python tests/hosts/train_tiny.py --steps 300 \
+    ringrun -np 2 --max-restarts 3 python tests/hosts/train_tiny.py --steps 200 \
         --every 25 --checkpoint-dir DIR --out params.pt
 
 CPU, fixed seeds, dropout (so the random generators must be restored on resume), SGD
@@ -62,7 +62,7 @@ def _maybe_pause(step: int) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("--steps", type=int, default=300)
+    p.add_argument("--steps", type=int, default=200)
     p.add_argument("--every", type=int, default=25)
     p.add_argument("--checkpoint-dir", required=True)
     p.add_argument("--out", required=True)
