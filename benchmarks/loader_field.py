@@ -892,6 +892,8 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                         supported.append(loader)
                 except Exception as err:  # noqa: BLE001
                     print(f"  {name} {loader}: cannot prepare its data: {err}", flush=True)
+            # tiny and aug with in-memory loaders only write no files of their own
+            root.mkdir(parents=True, exist_ok=True)
             (root / "made.json").write_text(json.dumps(bench._made))
             raw = bench.raw
             rounds: dict[str, list[dict[str, Any]]] = {}

@@ -26,7 +26,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from ringtrain import events
+# runtime at import, not at the first iter(): its import (6-10 ms here: the launch
+# environment, settings and membership modules) otherwise lands in the first batch's
+# latency when the script has not called rt.init() (a one-process job, or a loader
+# built before init).
+from ringtrain import events, runtime
 from ringtrain.cpus import CpuBudget, cpu_budget
 from ringtrain.data.autotune import Autotuner, initial_workers
 from ringtrain.data.collate import fresh_alloc
@@ -46,13 +50,11 @@ _STATE_VERSION = 1
 
 def _runtime_world() -> tuple[int, int, int]:
     """(rank, world size, processes on this host): see ringtrain.runtime.job_world."""
-    from ringtrain import runtime
     return runtime.job_world()
 
 
 def _runtime_device() -> torch.device:
     try:
-        from ringtrain import runtime
         return runtime.device()
     except Exception:
         return torch.device("cpu")
