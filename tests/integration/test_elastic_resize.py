@@ -15,7 +15,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from hosts.harness import BIN, RINGRUN, assert_no_orphans, env_for, new_marker
+from hosts.harness import RINGRUN, assert_no_orphans, env_for, new_marker
 
 SCRIPTS = Path(__file__).parent / "scripts"
 
