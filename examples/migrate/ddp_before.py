@@ -33,4 +33,7 @@ for epoch in range(5):
     if rank == 0:
         print(f"epoch {epoch} loss {avg.item() / world:.4f}", flush=True)
         torch.save(model.module.state_dict(), os.environ.get("OUT", "checkpoint.pt"))
+# Every rank waits for rank 0's checkpoint: torchrun stops the job when the first rank
+# exits with an error, which would cut the save short.
+dist.barrier()
 dist.destroy_process_group()

@@ -46,6 +46,10 @@ def main() -> None:
     if rank == 0:
         torch.save(model.module.state_dict(), out)
     print(f"rank {rank} of {size} done", flush=True)
+    # No rank leaves before every rank has saved and said so: torch 2.13 now and then
+    # aborts a rank at interpreter exit (hosts/harness.py's run_torch_only), and the
+    # launcher then stops the others, once cutting rank 0 short of its weights.
+    dist.barrier()
     if mode == "rt-after":
         rt.shutdown()
     dist.destroy_process_group()
