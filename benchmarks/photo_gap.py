@@ -57,17 +57,6 @@ def _procs(pids: list[int]) -> np.ndarray:
     return np.sum([_proc(p) for p in pids], axis=0)
 
 
-def _children() -> list[int]:
-    me = os.getpid()
-    pids: list[int] = []
-    for task in os.listdir(f"/proc/{me}/task"):
-        try:
-            pids += [int(p) for p in Path(f"/proc/{me}/task/{task}/children").read_text().split()]
-        except OSError:
-            pass
-    return pids
-
-
 def _per_sample(delta: np.ndarray, n: int) -> dict[str, float]:
     return {"user_us": delta[0] / n * 1e6, "sys_us": delta[1] / n * 1e6, "minflt": delta[2] / n}
 
@@ -114,7 +103,7 @@ def loader(folder: Path, seconds: float, warm: int) -> dict[str, float]:
     it = batches()
     for _ in range(warm):
         next(it)
-    pids = _children()
+    pids = lf._children()
     w0, m0 = _procs(pids), _proc(os.getpid())
     t0, n = time.perf_counter(), 0
     while time.perf_counter() - t0 < seconds:
