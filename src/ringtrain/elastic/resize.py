@@ -79,11 +79,20 @@ class _AssignmentWatcher:
                 data = assignment.read_assignment(self.path)
                 if data is not None and data["version"] > seen:
                     seen = data["version"]
-                    if seen > self.current:  # before anyone waiting for it moves on
-                        self._act(data)
+                    # Acting and publishing under the lock that :meth:`begin_join` takes:
+                    # a rank about to join an older world either sees this one published
+                    # (and joins it instead) or is marked joining before this acts (and
+                    # its join is cut). Between the two it could join a world nobody
+                    # else joins, and wait there for its rendezvous timeout.
                     with self._cond:
-                        self._latest = data
-                        self._cond.notify_all()
+                        try:
+                            if seen > self.current:  # before anyone waiting for it moves on
+                                self._act(data)
+                        finally:
+                            # Published even if acting failed: the version is never read
+                            # again, so a world dropped here would never be joined.
+                            self._latest = data
+                            self._cond.notify_all()
             except Exception as exc:  # noqa: BLE001 - the watcher must outlive a bad file
                 log.debug("elastic watcher: %s", exc)
             time.sleep(POLL_S)
@@ -104,6 +113,17 @@ class _AssignmentWatcher:
                 log.debug("world %s: hosts %s lost, %d connection(s) closed", data["version"], lost, n)
         except (OSError, ValueError) as exc:  # /proc unreadable: operations time out instead
             log.debug("cannot close connections: %s", exc)
+
+    def begin_join(self, version: int) -> dict[str, Any] | None:
+        """About to join world ``version``: a newer world if one is published already
+        (join that one instead), else None, and this process is marked as joining
+        ``version`` (a newer world read from now on cuts the join short)."""
+        with self._cond:
+            if self._latest is not None and self._latest["version"] > version:
+                return self._latest
+            self.current = version
+            self.joining = True
+            return None
 
     def latest(self) -> dict[str, Any] | None:
         with self._cond:
@@ -195,13 +215,11 @@ class _Reformer:
             addresses = [str(a) for a in target.get("addresses") or []]
             self.leave(functools.partial(runtime.sever, addresses))
             runtime.assign({str(k): str(v) for k, v in target["env"].items()})
-            watcher.current = int(target["version"])
-            watcher.joining = True
+            newer = watcher.begin_join(int(target["version"]))
+            if newer is not None:  # replaced before the watcher knew we were joining
+                target = newer
+                continue
             try:
-                newer = watcher.newer(int(target["version"]), 0.0)
-                if newer is not None:  # replaced before the watcher knew we were joining
-                    target = newer
-                    continue
                 self.join()
                 return target
             except Exception as exc:  # noqa: BLE001 - a newer world may have replaced this one

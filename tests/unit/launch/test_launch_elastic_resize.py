@@ -5,6 +5,7 @@ real), the in-memory commit of a ``Resumable``, and which errors count as a lost
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -121,6 +122,67 @@ def test_hosts_updated_moves_at_the_commit_without_restoring(monkeypatch: pytest
 
     assert elastic.drive(train, state, world.leave, world.join, lambda: None) == 1
     assert state.calls == ["reset", "sync"]
+
+
+@pytest.mark.timeout(30)
+def test_a_world_is_joined_even_when_closing_the_old_ones_connections_fails(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The watcher reads each version once: if acting on it raised (closing connections
+    failed), the world must still be published, or this rank would never join it."""
+    world = _World(monkeypatch, str(tmp_path / "w.json"))
+    severs = []
+
+    def sever(addrs: Any) -> int:
+        severs.append(sorted(addrs))
+        if len(severs) == 1:  # the watcher's, on reading the world
+            raise RuntimeError("the store went away")
+        return 0
+
+    monkeypatch.setattr(runtime, "sever", sever)
+    state = _State()
+
+    def train() -> int:
+        if world.version == 0:
+            world.publish(1, lost=["10.0.0.2"])
+            raise RuntimeError("[gloo/transport/tcp/pair.cc:553] Connection closed by peer")
+        return world.version
+
+    assert elastic.drive(train, state, world.leave, world.join, lambda: None) == 1
+    assert len(severs) == 2  # the watcher's (failed) and the leave's
+
+
+@pytest.mark.timeout(30)
+def test_the_world_being_acted_on_is_joined_not_the_one_before_it(monkeypatch: pytest.MonkeyPatch,
+                                                                  tmp_path: Path) -> None:
+    """World 1 (the discovery script dropped a host) is published; then world 2 (that
+    host was lost) is written. The watcher closes the old world's connections, which
+    frees the blocked training thread at once, while the watcher is still busy with
+    world 2. That thread must not join world 1: the other ranks go to world 2, and it
+    would wait in world 1's rendezvous until its timeout."""
+    world = _World(monkeypatch, str(tmp_path / "w.json"))
+    freed = threading.Event()
+
+    def sever(addrs: Any) -> int:
+        if threading.current_thread().name == "ringtrain-elastic-watch" and not freed.is_set():
+            freed.set()  # the blocked collective fails now...
+            time.sleep(0.5)  # ...while the watcher has not finished with world 2
+        return 0
+
+    monkeypatch.setattr(runtime, "sever", sever)
+
+    def train() -> int:
+        if world.version == 0:
+            world.publish(1)
+            deadline = time.monotonic() + 10
+            while (resize._watch().latest() or {}).get("version") != 1 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            world.publish(2, lost=["10.0.0.2"])
+            assert freed.wait(10)
+            raise RuntimeError("[gloo/transport/tcp/pair.cc:553] Connection closed by peer")
+        return world.version
+
+    assert elastic.drive(train, _State(), world.leave, world.join, lambda: None) == 2
+    assert [e for e in world.log if isinstance(e, tuple) and e[0] == "join"] == [("join", 2)]
 
 
 @pytest.mark.timeout(30)
