@@ -49,6 +49,14 @@ class _World:
                                                 "lost": lost or [], "addresses": ["10.0.0.1", "10.0.0.2"],
                                                 **more})
 
+    def peer_lost_once(self) -> int:
+        """A training function: in world 0, ringrun writes world 1 (a host lost) and the
+        collective fails as Gloo's does; in any later world it returns the version."""
+        if self.version == 0:
+            self.publish(1, lost=["10.0.0.2"])
+            raise RuntimeError("[gloo/transport/tcp/pair.cc:553] Connection closed by peer")
+        return self.version
+
     def leave(self, sever: Any) -> None:
         sever()
         self.log.append("leave")
@@ -141,13 +149,7 @@ def test_a_world_is_joined_even_when_closing_the_old_ones_connections_fails(
     monkeypatch.setattr(runtime, "sever", sever)
     state = _State()
 
-    def train() -> int:
-        if world.version == 0:
-            world.publish(1, lost=["10.0.0.2"])
-            raise RuntimeError("[gloo/transport/tcp/pair.cc:553] Connection closed by peer")
-        return world.version
-
-    assert elastic.drive(train, state, world.leave, world.join, lambda: None) == 1
+    assert elastic.drive(world.peer_lost_once, state, world.leave, world.join, lambda: None) == 1
     assert len(severs) == 2  # the watcher's (failed) and the leave's
 
 
@@ -191,13 +193,7 @@ def test_a_world_replaced_while_it_forms_is_skipped(monkeypatch: pytest.MonkeyPa
     world.fail_joins = 1
     state = _State()
 
-    def train() -> int:
-        if world.version == 0:
-            world.publish(1, lost=["10.0.0.2"])
-            raise RuntimeError("[gloo/transport/tcp/pair.cc:553] Connection closed by peer")
-        return world.version
-
-    assert elastic.drive(train, state, world.leave, world.join, lambda: None) == 2
+    assert elastic.drive(world.peer_lost_once, state, world.leave, world.join, lambda: None) == 2
     assert [e for e in world.log if isinstance(e, tuple) and e[0] == "join"] == [("join", 1), ("join", 2)]
 
 
