@@ -2,6 +2,7 @@
 
     python benchmarks/lowcomm.py [--quick] [--json out/lowcomm.json]     # shaped hosts (root)
     python benchmarks/lowcomm.py --loopback [--quick]                     # 4 local processes
+    python benchmarks/lowcomm.py --loopback --ranks 2 --batch 8           # one rank per core
 
 The article's MNIST CNN (examples/mnist_cnn.py, 1.2 M parameters, 4.8 MB of fp32
 gradients) trains on the scikit-learn digits (upsampled to 28x28) on N = 4 ranks, one per
@@ -99,7 +100,8 @@ def rank_main(job_file: str) -> int:
     torch.set_num_threads(1)
     rt.init()
     try:
-        records = [_train(method, h, int(job["steps"]), job["iface"]) for method, h in job["methods"]]
+        records = [_train(method, h, int(job["steps"]), job["iface"], int(job["batch"]))
+                   for method, h in job["methods"]]
         if rt.rank() == 0:
             Path(job["out"]).write_text(json.dumps(records))
     finally:
@@ -107,7 +109,7 @@ def rank_main(job_file: str) -> int:
     return 0
 
 
-def _train(method: str, h: int, steps: int, iface: str) -> dict[str, Any]:
+def _train(method: str, h: int, steps: int, iface: str, batch: int) -> dict[str, Any]:
     """Train one method from the common start; rank 0's record (None elsewhere)."""
     import torch
     import torch.nn.functional as F
@@ -131,7 +133,7 @@ def _train(method: str, h: int, steps: int, iface: str) -> dict[str, Any]:
     else:
         outer = torch.optim.SGD(model.parameters(), lr=0.7, momentum=0.9, nesterov=True)
         opt = rt.DiLoCo(model, inner, outer, sync_every=h, strategy="ring")
-    loader = rt.data.Loader(train, batch_size=BATCH, shuffle=True, seed=0, num_workers=0, drop_last=True)
+    loader = rt.data.Loader(train, batch_size=batch, shuffle=True, seed=0, num_workers=0, drop_last=True)
     x_all, y_all = train.tensors
     pick = torch.randperm(len(y_all), generator=torch.Generator().manual_seed(7))[:512]
     probe_x, probe_y = x_all[pick], y_all[pick]
@@ -206,32 +208,33 @@ def _to_target(curve: list[list[float]], target: float) -> float | None:
     return None
 
 
-def _loopback_launch(argv: list[str], timeout_s: float) -> None:
+def _loopback_launch(argv: list[str], n: int, timeout_s: float) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RINGTRAIN_", "RANK", "WORLD_SIZE"))}
     env.update(OMP_NUM_THREADS="1", RINGTRAIN_PROGRESS="0")
     ringrun = Path(sys.executable).with_name("ringrun")
-    res = subprocess.run([str(ringrun), "-np", str(N), "--oversubscribe", *argv], env=env,
+    res = subprocess.run([str(ringrun), "-np", str(n), "--oversubscribe", *argv], env=env,
                          capture_output=True, text=True, timeout=timeout_s)
     if res.returncode != 0:
         raise RuntimeError(f"ringrun exited {res.returncode}:\n{res.stdout[-2000:]}\n{res.stderr[-2000:]}")
 
 
 def run(rounds: int, steps: int, loopback: bool, methods: list[tuple[str, int]], timeout_s: float = 1800,
-        prefix: str = "rtsh", subnet: str = "10.213.70") -> tuple[list[dict[str, Any]], dict[str, Any]]:
+        prefix: str = "rtsh", subnet: str = "10.213.70", n: int = N,
+        batch: int = BATCH) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Every method once per round, rounds taking turns; (records, meta)."""
     import shaped_hosts
 
     hosts = None
-    meta: dict[str, Any] = {"n": N, "batch_per_rank": BATCH, "steps": steps, "rounds": rounds,
+    meta: dict[str, Any] = {"n": n, "batch_per_rank": batch, "steps": steps, "rounds": rounds,
                             "target": TARGET, "lr": LR, "host": platform.node(), "cores": os.cpu_count(),
                             "transport": "loopback" if loopback else "shaped-veth"}
     if not loopback:
-        hosts = shaped_hosts.build(N, MBIT, DELAY_MS, prefix=prefix, subnet=subnet)
+        hosts = shaped_hosts.build(n, MBIT, DELAY_MS, prefix=prefix, subnet=subnet)
         rate = shaped_hosts.probe_rate(hosts)
         rtt = shaped_hosts.probe_rtt(hosts)
         meta.update(link_mbit=MBIT, delay_ms=hosts.delay_ms, qdisc=hosts.qdisc, probe_mbit=rate,
                     rtt_ms_median=rtt[len(rtt) // 2])
-        print(f"# {N} hosts, {hosts.qdisc}; one TCP stream carries {rate:.1f} Mbit/s, round trip "
+        print(f"# {n} hosts, {hosts.qdisc}; one TCP stream carries {rate:.1f} Mbit/s, round trip "
               f"{rtt[len(rtt) // 2]:.2f} ms", file=sys.stderr)
     records: list[dict[str, Any]] = []
     try:
@@ -239,14 +242,14 @@ def run(rounds: int, steps: int, loopback: bool, methods: list[tuple[str, int]],
             os.chmod(tmp, 0o755)
             for r in range(rounds):
                 order = methods[r % len(methods):] + methods[:r % len(methods)]
-                job = {"methods": order, "steps": steps, "out": f"{tmp}/rec-{r}.json",
+                job = {"methods": order, "steps": steps, "out": f"{tmp}/rec-{r}.json", "batch": batch,
                        "iface": "lo" if loopback else "eth0"}
                 job_file = f"{tmp}/job-{r}.json"
                 Path(job_file).write_text(json.dumps(job))
                 argv = [sys.executable, str(Path(__file__).resolve()), "--rank-job", job_file]
                 t0 = time.time()
                 if hosts is None:
-                    _loopback_launch(argv, timeout_s)
+                    _loopback_launch(argv, n, timeout_s)
                 else:
                     shaped_hosts.launch(hosts, argv, timeout_s=timeout_s, env={"RINGTRAIN_PROGRESS": "0"})
                 for rec in json.loads(Path(job["out"]).read_text()):
@@ -280,7 +283,7 @@ def predict(meta: dict[str, Any], compute_s: float, sync_every: list[int]) -> di
         inter = with_rtt(link(f"{meta['link_mbit']:g}mbit"), meta["rtt_ms_median"])
     layers = from_module(MnistCNN(), torch.randn(1, 1, 28, 28))
     sc = Scenario(tuple(layers), compute_s, Topology(1, intra_link("pcie3"), inter), "ring",
-                  FRAMEWORKS["ddp"], batch=BATCH)
+                  FRAMEWORKS["ddp"], batch=meta["batch_per_rank"])
     costs = mode_costs(sc, meta["n"], sync_every)
     return {(c.mode, c.sync_every): c.step_s for c in costs}
 
@@ -343,7 +346,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="1 round of 150 steps (within 6 minutes here)")
     p.add_argument("--rounds", type=int, help="rounds (default 3, --quick 1)")
     p.add_argument("--steps", type=int, help="steps per run (default 600, --quick 150)")
-    p.add_argument("--loopback", action="store_true", help="4 local processes instead of shaped hosts")
+    p.add_argument("--loopback", action="store_true", help="local processes instead of shaped hosts")
+    p.add_argument("--ranks", type=int, default=N, help=f"ranks (default {N}; one per core on loopback: 2 here)")
+    p.add_argument("--batch", type=int, default=BATCH,
+                   help=f"samples per rank per step (default {BATCH}; keep ranks x batch = 16 for the target)")
     p.add_argument("--methods", help="comma list of method:H (default all: sync:1,localsgd:10,...)")
     p.add_argument("--json", help="write the records to this file")
     p.add_argument("--netns-prefix", default="rtsh", help="names of the shaped hosts (default rtsh)")
@@ -359,13 +365,15 @@ def main(argv: list[str] | None = None) -> int:
         if reason:
             print(f"lowcomm: {reason} (or run with --loopback)", file=sys.stderr)
             return 2
+    if args.ranks < 2 or args.batch < 1:
+        p.error(f"--ranks must be >= 2 and --batch >= 1, got {args.ranks} and {args.batch}")
     rounds = args.rounds or (1 if args.quick else 3)
     steps = args.steps or (150 if args.quick else 600)
     methods = METHODS
     if args.methods:
         methods = [(m.split(":")[0], int(m.split(":")[1])) for m in args.methods.split(",")]
     records, meta = run(rounds, steps, args.loopback, methods, prefix=args.netns_prefix,
-                        subnet=args.netns_subnet)
+                        subnet=args.netns_subnet, n=args.ranks, batch=args.batch)
     summary, table = summarize(records, meta)
     print(table)
     if args.json:

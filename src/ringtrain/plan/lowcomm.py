@@ -20,9 +20,12 @@ which this model does not predict.
 Where it pays (:func:`recommend`): a periodic mode can at best remove the exchange the
 per-step mode leaves exposed, so when that exposed exchange is under half the step
 (:data:`PAYS_SHARE`, the rule ``ringtrain doctor`` uses too) the saving is at most 2x
-and per-step exchange is the right choice: fewer syncs cost convergence (in
-benchmarks/lowcomm.py DiLoCo at H=50 needed more samples than synchronous training to
-reach the same loss; docs/lowcomm.md). Above it, the planner names the smallest ``H``
+and the planner keeps per-step exchange, since fewer syncs can cost convergence. The
+advice states the break-even: a periodic mode whose steps are ``k`` times faster reaches a
+loss sooner only if it needs fewer than ``k`` times the samples. That cost depends on the
+task. In benchmarks/lowcomm.py at N = 4, DiLoCo at H=50 needed 1.25x the samples; with
+2 ranks on loopback it needed fewer than per-step exchange, so it was faster at a 30%
+exchange share (docs/lowcomm.md). Above the line, the planner names the smallest ``H``
 whose exchange is at most :data:`TARGET_SHARE` of the compute per step: most of the
 gain, with as few local steps between syncs as that allows.
 """
@@ -124,9 +127,10 @@ def recommend(sc: Scenario, ranks: int, ladder: Sequence[int] = LADDER) -> Advic
         best = max(costs[1:], key=lambda c: c.speedup)
         return Advice(False, share, None, (
             f"per-step exchange: it costs {share:.0%} of the step ({sync.exchange_s * 1e3:.1f} of "
-            f"{sync.step_s * 1e3:.1f} ms), under {PAYS_SHARE:.0%}; exchanging every H steps could save "
-            f"at most {1 - 1 / best.speedup:.0%} of the time per step, less than fewer syncs cost in "
-            "convergence"))
+            f"{sync.step_s * 1e3:.1f} ms), under {PAYS_SHARE:.0%}. Exchanging every H steps makes steps "
+            f"at most {best.speedup:.2f}x faster, so it reaches a loss sooner only if it needs fewer than "
+            f"{best.speedup:.2f}x the samples; measure the loss after the same samples before switching "
+            "(docs/lowcomm.md)"))
     chosen = next((c for c in costs[1:] if c.exchange_s <= TARGET_SHARE * c.compute_s), costs[-1])
     return Advice(True, share, chosen.sync_every, (
         f"DiLoCo pays: per-step exchange costs {share:.0%} of the step ({sync.exchange_s * 1e3:.1f} of "

@@ -13,7 +13,7 @@ from ringtrain.errors import ConfigError
 from ringtrain.plan import FRAMEWORKS, Scenario, Topology, from_param_count, intra_link, link
 from ringtrain.plan.cli import main
 from ringtrain.plan.cost import ring_allreduce
-from ringtrain.plan.lowcomm import PAYS_SHARE, mode_costs, recommend
+from ringtrain.plan.lowcomm import LADDER, PAYS_SHARE, mode_costs, recommend
 from ringtrain.plan.network import with_rtt
 
 PARAMS = 1_199_882  # the article's CNN
@@ -72,6 +72,9 @@ def test_on_loopback_per_step_exchange_is_the_choice() -> None:
     advice = recommend(scenario(link("loopback")), 4)
     assert not advice.pays and advice.sync_every is None and advice.sync_share < 0.2
     assert advice.text.startswith("per-step exchange")
+    # the break-even it states is the best periodic step's speed-up over per-step exchange
+    best = max(c.speedup for c in mode_costs(scenario(link("loopback")), 4, LADDER, modes=("diloco",))[1:])
+    assert f"fewer than {best:.2f}x the samples" in advice.text and 1 < best < 1.25
 
 
 def test_one_rank_has_nothing_to_exchange() -> None:
