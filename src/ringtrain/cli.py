@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 
 __all__ = ["main"]
@@ -40,7 +41,15 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
     module = importlib.import_module(_SUBCOMMANDS[name][0])
-    return int(module.main(rest))
+    try:
+        return int(module.main(rest))
+    except BrokenPipeError:
+        # The reader went away (``ringtrain plan ... | head``): nothing is wrong with the
+        # command, so no traceback. Point stdout at /dev/null so the interpreter's last
+        # flush at exit does not fail a second time; 141 is what a shell reports for SIGPIPE.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 141
 
 
 if __name__ == "__main__":

@@ -123,7 +123,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Predict data-parallel throughput, scaling efficiency and step breakdown.",
         epilog=f"networks: {', '.join(LINKS)} (or a number of Gbit/s, 25gbit, or Mbit/s, 100mbit); intra-host: {', '.join(INTRA_LINKS)}",
     )
-    p.add_argument("--model", default="resnet50", help=f"{', '.join(MODELS)} or custom (default resnet50)")
+    p.add_argument("--model", help=f"{', '.join(MODELS)} or custom (default resnet50; custom when "
+                   "--params or --module describes the model)")
     p.add_argument("--params", help="custom: parameter count, e.g. 300M")
     p.add_argument("--layers", type=int,
                    help=f"with --params: equal layers whose gradients become ready uniformly through "
@@ -216,7 +217,14 @@ def _module_layers(spec: str, input_shape: str | None) -> list[Layer]:
 
 def build_scenario(args: argparse.Namespace) -> tuple[Scenario, str, str]:
     """The scenario the flags describe, its model's name, and where its step time came from."""
-    custom = args.model.strip().lower() == "custom"
+    # --params or --module describes a model of the user's own: taking the catalogue's
+    # default instead would answer for a model the user never named.
+    own = "--params" if args.params else "--module" if args.module else None
+    model = args.model if args.model is not None else "custom" if own else "resnet50"
+    custom = model.strip().lower() == "custom"
+    if own and not custom:
+        raise ConfigError(f"{own} describes a custom model but --model is {model}; "
+                          f"drop --model {model} or pass --model custom")
     if args.layers is not None and not (custom and args.params and not args.module):
         raise ConfigError(
             f"--layers {args.layers} only applies to --model custom --params N; "
@@ -235,7 +243,7 @@ def build_scenario(args: argparse.Namespace) -> tuple[Scenario, str, str]:
         if args.step_ms is None:
             raise ConfigError("--model custom needs --step-ms: the measured single-GPU step time in ms")
     else:
-        name = canonical_model(args.model)
+        name = canonical_model(model)
         layers = model_layers(name)
     if args.step_ms is not None:
         if args.step_ms <= 0:

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -72,6 +75,10 @@ _CUSTOM = ["--model", "custom", "--params", "300M", "--step-ms", "370", "--gpus"
         (_CUSTOM + ["--layers", "0"], "layer count of a custom model must be a whole number >= 1, got 0"),
         (_CUSTOM + ["--layers", "2.5"], "--layers: invalid int value"),
         (["--model", "vgg16", "--layers", "4"], "--layers 4 only applies to --model custom --params N"),
+        (["--model", "vgg16", "--params", "1.2M", "--step-ms", "18"],
+         "--params describes a custom model but --model is vgg16; drop --model vgg16 or pass --model custom"),
+        (["--model", "resnet50", "--module", "ringtrain.plan.calibrate:mnist_cnn", "--step-ms", "18"],
+         "--module describes a custom model but --model is resnet50"),
     ],
 )
 def test_user_errors_are_one_line_and_exit_2(argv: list[str], needle: str, capsys: pytest.CaptureFixture[str]) -> None:
@@ -100,6 +107,28 @@ def test_custom_model_options_reach_the_prediction(tmp_path: Path, capsys: pytes
     assert "300M parameters in 32 equal layers" in capsys.readouterr().out
     assert exposed_at_40("--backward-fraction", "0.9") < default < exposed_at_40("--backward-fraction", "0.3")
     assert exposed_at_40("--layers", "1") > default
+
+
+def test_params_alone_plan_that_model_not_the_default_one(capsys: pytest.CaptureFixture[str]) -> None:
+    # Before, --params without --model custom was ignored and the plan was resnet50's.
+    assert main(["--params", "1.2M", "--step-ms", "18", "--gpus", "2", "--gpus-per-host", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "custom (1.2M parameters" in out and "resnet50" not in out
+    assert main(["--gpus", "8"]) == 0  # nothing about the model: the default, resnet50
+    assert "model resnet50" in capsys.readouterr().out
+
+
+def test_a_reader_that_goes_away_ends_the_command_without_a_traceback() -> None:
+    # ``ringtrain plan ... | head -1``: the pipe's read end is closed before the command
+    # writes, so its first print meets a broken pipe every time.
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        res = subprocess.run([sys.executable, "-m", "ringtrain.cli", "plan", "--gpus", "8"], stdout=write_end,
+                             stderr=subprocess.PIPE, text=True, timeout=120)
+    finally:
+        os.close(write_end)
+    assert res.returncode == 141 and "Traceback" not in res.stderr and res.stderr == ""
 
 
 def test_custom_model_from_a_module(capsys: pytest.CaptureFixture[str]) -> None:
