@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import math
 import re
 import sys
 from dataclasses import replace
@@ -143,7 +144,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--intra", default="pcie3", help="link inside a host (default pcie3)")
     p.add_argument("--strategy", default="ring",
                    help=f"comma list of {', '.join(STRATEGIES)}, or all (default ring)")
-    p.add_argument("--framework", default="horovod", help=f"{', '.join(FRAMEWORKS)} (default horovod)")
+    p.add_argument("--framework", help=f"{', '.join(FRAMEWORKS)} (default horovod; ddp with --lowcomm)")
     p.add_argument("--bucket-mb", type=float, help="bucket / fusion size in MB (default: the framework's)")
     p.add_argument("--compression", default="none", choices=("none", "fp16"), help="gradient wire format")
     p.add_argument("--ps-shards", type=int, help="parameter servers (default: one per host)")
@@ -165,8 +166,8 @@ def build_parser() -> argparse.ArgumentParser:
     lc.add_argument("--lowcomm", action="store_true",
                     help="per-step exchange vs rt.LocalSGD / rt.DiLoCo: step cost of each, and where "
                          "exchanging every H steps pays")
-    lc.add_argument("--sync-every", default="10,50", help="values of H to show (default 10,50)")
-    lc.add_argument("--fragments", type=int, default=1, help="DiLoCo fragments (default 1)")
+    lc.add_argument("--sync-every", help="values of H to show (default 10,50)")
+    lc.add_argument("--fragments", type=int, help="DiLoCo fragments (default 1)")
     g = p.add_argument_group("model parallelism (--parallel)")
     g.add_argument("--parallel", action="store_true",
                    help="plan pipeline x tensor x data layouts: per-rank memory, step time, "
@@ -175,7 +176,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--shard", action=argparse.BooleanOptionalAction, default=None,
                    help="with --layout: shard state over the data ranks (default yes)")
     g.add_argument("--microbatches", type=int, help="micro-batches per step (default 4 x stages)")
-    g.add_argument("--schedule", default="1f1b", choices=("1f1b", "gpipe"),
+    g.add_argument("--schedule", choices=("1f1b", "gpipe"),
                    help="pipeline schedule (default 1f1b)")
     g.add_argument("--hidden", type=int, help="model width (for activations and tensor traffic)")
     g.add_argument("--heads", type=int, help="attention heads (tensor degree must divide them)")
@@ -197,6 +198,9 @@ def _module_layers(spec: str, input_shape: str | None) -> list[Layer]:
         factory = getattr(importlib.import_module(mod_name), attr)
     except (ImportError, AttributeError) as exc:
         raise ConfigError(f"--module {spec!r}: cannot import it ({exc}); check the name and PYTHONPATH") from None
+    except Exception as exc:  # the user's module raised while importing: one line, not its traceback
+        raise ConfigError(f"--module {spec!r}: importing it raised {type(exc).__name__}: {exc}; "
+                          "check that it imports in this environment") from None
     import torch
 
     try:
@@ -210,15 +214,25 @@ def _module_layers(spec: str, input_shape: str | None) -> list[Layer]:
         try:
             shape = [int(x) for x in input_shape.split(",")]
         except ValueError:
-            raise ConfigError(f"--input-shape {input_shape!r}: write whole numbers, e.g. 3,224,224") from None
+            shape = []
+        if not shape or min(shape) < 1:
+            raise ConfigError(f"--input-shape {input_shape!r}: write whole numbers >= 1, e.g. 3,224,224")
         example = torch.randn(1, *shape)
-    return from_module(module, example)
+    try:
+        return from_module(module, example)
+    except (RuntimeError, ValueError, TypeError) as exc:  # the model refused the example input
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ConfigError(f"--module {spec!r} failed on an input of shape {input_shape or 'none given'} "
+                          f"({first}); give the shape of one sample with --input-shape") from None
 
 
-def build_scenario(args: argparse.Namespace) -> tuple[Scenario, str, str]:
+def build_scenario(args: argparse.Namespace, default_framework: str = "horovod") -> tuple[Scenario, str, str]:
     """The scenario the flags describe, its model's name, and where its step time came from."""
     # --params or --module describes a model of the user's own: taking the catalogue's
     # default instead would answer for a model the user never named.
+    if args.params and args.module:
+        raise ConfigError("--params and --module both describe the model; give one: --params N for "
+                          "equal layers, --module package.module:factory for a real one")
     own = "--params" if args.params else "--module" if args.module else None
     model = args.model if args.model is not None else "custom" if own else "resnet50"
     custom = model.strip().lower() == "custom"
@@ -251,9 +265,14 @@ def build_scenario(args: argparse.Namespace) -> tuple[Scenario, str, str]:
         compute, source = args.step_ms / 1e3, "given with --step-ms"
     else:
         compute, source = step_time(args.gpu, name, args.batch)
-    if args.framework not in FRAMEWORKS:
-        raise ConfigError(f"unknown framework {args.framework!r}; choose one of: {', '.join(FRAMEWORKS)}")
-    framework = FRAMEWORKS[args.framework]
+    framework_name = args.framework if args.framework is not None else default_framework
+    if framework_name not in FRAMEWORKS:
+        raise ConfigError(f"unknown framework {framework_name!r}; choose one of: {', '.join(FRAMEWORKS)}")
+    framework = FRAMEWORKS[framework_name]
+    if args.framework is None and default_framework == "ddp":
+        # --lowcomm compares against DDP-style buckets; without a framework named, no
+        # per-tensor launch cost (the periodic modes pack the whole model into buckets too).
+        framework = replace(framework, per_tensor_s=0.0)
     if args.bucket_mb is not None:
         if args.bucket_mb < 0:
             raise ConfigError(f"--bucket-mb must be >= 0, got {args.bucket_mb}")
@@ -305,23 +324,23 @@ def _plan(args: argparse.Namespace) -> str:
 def _plan_lowcomm(args: argparse.Namespace) -> str:
     from ringtrain.plan.lowcomm import format_modes, mode_costs, recommend
 
-    sc, name, source = build_scenario(args)
+    sc, name, source = build_scenario(args, default_framework="ddp")
     if args.strategy not in ("ring", "hd", "hierarchical"):
         raise ConfigError(f"--lowcomm compares allreduce exchanges: --strategy ring, hd or hierarchical, "
                           f"got {args.strategy!r}")
-    sc = replace(sc, strategy=args.strategy, framework=replace(FRAMEWORKS["ddp"], per_tensor_s=0.0)
-                 if args.framework == "horovod" else sc.framework)
+    sc = replace(sc, strategy=args.strategy)
+    sync_every = args.sync_every if args.sync_every is not None else "10,50"
     try:
-        hs = [int(h) for h in args.sync_every.split(",") if h.strip()]
+        hs = [int(h) for h in sync_every.split(",") if h.strip()]
     except ValueError:
-        raise ConfigError(f"--sync-every {args.sync_every!r}: give whole numbers, e.g. 10,50") from None
+        raise ConfigError(f"--sync-every {sync_every!r}: give whole numbers, e.g. 10,50") from None
     if not hs:
         raise ConfigError("--sync-every is empty; give whole numbers, e.g. 10,50")
     counts = parse_gpus(args.gpus)
     text = [format_header(sc, name, source)]
     rows = []
     for n in counts:
-        costs = mode_costs(sc, n, hs, args.fragments)
+        costs = mode_costs(sc, n, hs, 1 if args.fragments is None else args.fragments)
         advice = recommend(sc, n)
         text.append(format_modes(costs, advice))
         rows += [{**c.__dict__, "exchange_share": c.exchange_share, "pays": advice.pays,
@@ -334,6 +353,8 @@ def _plan_lowcomm(args: argparse.Namespace) -> str:
 
 def _write_json(path: str, data: Any) -> None:
     target = Path(path)
+    if target.is_dir():
+        raise ConfigError(f"--json {path!r} is a folder; give a file path, e.g. {target / 'plan.json'}")
     if not target.parent.exists():
         raise ConfigError(f"--json: folder {str(target.parent)!r} does not exist; create it or choose another path")
     target.write_text(json.dumps(data, indent=2) + "\n")
@@ -363,8 +384,10 @@ def _plan_parallel(args: argparse.Namespace) -> str:
     if len(counts) != 1:
         raise ConfigError(f"--parallel plans one GPU count at a time, got --gpus {args.gpus}")
     gpus = counts[0]
-    if not args.global_batch or args.global_batch < 1:
+    if args.global_batch is None:
         raise ConfigError("--parallel needs --global-batch B (samples per step over all ranks)")
+    if args.global_batch < 1:
+        raise ConfigError(f"--global-batch must be >= 1, got {args.global_batch}")
     if args.step_ms is not None:
         if args.step_ms <= 0:
             raise ConfigError(f"--step-ms must be > 0, got {args.step_ms}")
@@ -375,7 +398,13 @@ def _plan_parallel(args: argparse.Namespace) -> str:
     else:
         raise ConfigError("--parallel needs --step-ms T (one device, whole global batch) or "
                           "--tflops F with --seq S")
-    topo = Topology(args.gpus_per_host, intra_link(args.intra), link(args.network))
+    inter = link(args.network)
+    topo = Topology(args.gpus_per_host, intra_link(args.intra),
+                    inter if args.rtt_ms is None else with_rtt(inter, args.rtt_ms))
+    if args.device_memory is not None and args.device_memory <= 0:
+        raise ConfigError(f"--device-memory must be > 0 GiB, got {args.device_memory:g}")
+    if args.microbatches is not None and args.microbatches < 1:
+        raise ConfigError(f"--microbatches must be >= 1, got {args.microbatches}")
     memory = args.device_memory * 2**30 if args.device_memory else None
     header = (f"{spec.params / 1e6:.1f}M parameters in {spec.layers} layers, global batch "
               f"{args.global_batch}, single-device step {compute_s:.3f} s ({source}); "
@@ -386,8 +415,9 @@ def _plan_parallel(args: argparse.Namespace) -> str:
         if p * t * d != gpus:
             raise ConfigError(f"--layout {args.layout} uses {p * t * d} devices but --gpus is "
                               f"{gpus}; make P x T x D equal --gpus")
+        _check_layout(args, spec, p, t, d)
         m = 1 if p == 1 else (args.microbatches or 4 * p)
-        lay = LayoutChoice(p, t, d, True if args.shard is None else args.shard, m, args.schedule)
+        lay = LayoutChoice(p, t, d, True if args.shard is None else args.shard, m, args.schedule or "1f1b")
         pred = predict(spec, lay, compute_s=compute_s, global_batch=args.global_batch,
                        topology=topo, device_memory=memory)
         text = format_predictions([pred], header)
@@ -400,7 +430,7 @@ def _plan_parallel(args: argparse.Namespace) -> str:
                               "--device-memory GiB per device")
         preds = recommend(spec, gpus, device_memory=memory, compute_s=compute_s,
                           global_batch=args.global_batch, topology=topo,
-                          microbatches=args.microbatches, schedule=args.schedule)
+                          microbatches=args.microbatches, schedule=args.schedule or "1f1b")
         if not preds:
             return (f"{header}\n\nno layout of {gpus} devices fits {args.device_memory:g} GiB "
                     "per device: add devices, shorten the sequence or the micro-batch, or "
@@ -416,6 +446,44 @@ def _plan_parallel(args: argparse.Namespace) -> str:
         _write_json(args.json, [pr.to_json() for pr in preds])
         text += f"\nwrote {args.json}"
     return text
+
+
+def _check_layout(args: argparse.Namespace, spec: ModelSpec, p: int, t: int, d: int) -> None:
+    """The rules a recommended layout follows, for one the user gives (--layout)."""
+    if p > spec.layers:
+        raise ConfigError(f"--layout {args.layout}: {p} pipeline stages for {spec.layers} layers; "
+                          f"a stage needs at least one layer, so use at most {spec.layers} stages")
+    if spec.heads and spec.heads % t:
+        raise ConfigError(f"--layout {args.layout}: {t} tensor ranks do not divide --heads {spec.heads}; "
+                          "choose a tensor degree that divides the heads")
+
+
+#: Flags that only one mode reads, and the defaults that mean "not given".
+_MODE_FLAGS: dict[str, tuple[str, ...]] = {
+    "--parallel": ("layout", "shard", "microbatches", "schedule", "hidden", "heads", "seq", "vocab",
+                   "global_batch", "device_memory", "tflops"),
+    "--lowcomm": ("sync_every", "fragments"),
+}
+#: Float flags: every one must be a finite number (NaN and inf pass "> 0" checks).
+_FLOAT_FLAGS = ("step_ms", "backward_fraction", "bucket_mb", "jitter", "rtt_ms", "device_memory", "tflops")
+
+
+def _check_flags(args: argparse.Namespace) -> None:
+    """Refuse flags the chosen mode would ignore, and values that are not numbers."""
+    for name in _FLOAT_FLAGS:
+        value = getattr(args, name)
+        if value is not None and not math.isfinite(value):
+            raise ConfigError(f"--{name.replace('_', '-')} must be a finite number, got {value}")
+    for mode, names in _MODE_FLAGS.items():
+        if getattr(args, mode[2:]):
+            continue
+        given = [n for n in names if getattr(args, n) is not None]
+        if given:
+            flag = "--" + given[0].replace("_", "-")
+            raise ConfigError(f"{flag} only applies with {mode}; add {mode} or drop {flag}")
+    if args.plot and (args.parallel or args.lowcomm):
+        raise ConfigError("--plot draws the data-parallel scaling plan; drop it with "
+                          f"{'--parallel' if args.parallel else '--lowcomm'}")
 
 
 def _validate() -> str:
@@ -454,6 +522,7 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of ``ringtrain plan``; returns the exit code."""
     try:
         args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
+        _check_flags(args)
         if args.parallel:
             out = _plan_parallel(args)
         elif args.lowcomm:

@@ -19,6 +19,7 @@ Alpha is the per-message start-up: ~30 us for kernel TCP, ~5 us for RDMA and NVL
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from ringtrain.errors import ConfigError
@@ -110,7 +111,7 @@ def _custom(value: str, flag: str) -> Link | None:
         gbit = float(text) * scale
     except ValueError:
         return None
-    if gbit <= 0:
+    if not 0 < gbit < math.inf:  # also NaN, which float() accepts
         raise ConfigError(f"{flag} must be a positive number of Gbit/s (or Mbit/s: 100mbit), got {value!r}")
     return _eth(gbit)
 

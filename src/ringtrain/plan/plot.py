@@ -20,6 +20,14 @@ def plot_efficiency(results: dict[str, list[StepBreakdown]], path: str | Path, t
     except ImportError:
         raise ConfigError("--plot needs matplotlib; install it with: pip install 'ringtrain[plot]'") from None
     out = Path(path)
+    # savefig picks the format from the suffix and appends ".png" to a bare name: say so
+    # up front, and report the file it really writes.
+    if not out.suffix:
+        out = out.with_name(out.name + ".png")
+    if out.suffix.lower() not in (".png", ".svg", ".pdf"):
+        raise ConfigError(f"--plot {path!r}: write a .png, .svg or .pdf path, e.g. efficiency.png")
+    if out.is_dir():
+        raise ConfigError(f"--plot {path!r} is a folder; give a file path inside it, e.g. {out / 'efficiency.png'}")
     if not out.parent.exists():
         raise ConfigError(f"--plot: folder {str(out.parent)!r} does not exist; create it or choose another path")
     fig, ax = plt.subplots(figsize=(7, 4.5))

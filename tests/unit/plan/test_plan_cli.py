@@ -49,6 +49,8 @@ def test_counts() -> None:
         parse_count("many")
 
 
+_PARALLEL = ["--parallel", "--params", "1B", "--layers", "24", "--gpus", "16", "--global-batch", "128",
+             "--step-ms", "100"]
 _CUSTOM = ["--model", "custom", "--params", "300M", "--step-ms", "370", "--gpus", "1,40", "--gpus-per-host", "8"]
 
 
@@ -70,7 +72,7 @@ _CUSTOM = ["--model", "custom", "--params", "300M", "--step-ms", "370", "--gpus"
         (["--plot", "/no/such/folder/x.png"], "does not exist"),
         (_CUSTOM + ["--backward-fraction", "1"], "backward fraction must be >= 0 and < 1, got 1.0"),
         (_CUSTOM + ["--backward-fraction", "-0.2"], "backward fraction must be >= 0 and < 1, got -0.2"),
-        (_CUSTOM + ["--backward-fraction", "nan"], "backward fraction must be >= 0 and < 1, got nan"),
+        (_CUSTOM + ["--backward-fraction", "nan"], "--backward-fraction must be a finite number, got nan"),
         (_CUSTOM + ["--backward-fraction", "most"], "--backward-fraction: invalid float value"),
         (_CUSTOM + ["--layers", "0"], "layer count of a custom model must be a whole number >= 1, got 0"),
         (_CUSTOM + ["--layers", "2.5"], "--layers: invalid int value"),
@@ -79,6 +81,28 @@ _CUSTOM = ["--model", "custom", "--params", "300M", "--step-ms", "370", "--gpus"
          "--params describes a custom model but --model is vgg16; drop --model vgg16 or pass --model custom"),
         (["--model", "resnet50", "--module", "ringtrain.plan.calibrate:mnist_cnn", "--step-ms", "18"],
          "--module describes a custom model but --model is resnet50"),
+        (["--params", "1M", "--module", "ringtrain.plan.calibrate:mnist_cnn", "--step-ms", "5"],
+         "--params and --module both describe the model; give one"),
+        (["--network", "nan"], "--network must be a positive number of Gbit/s"),
+        (["--network", "inf"], "--network must be a positive number of Gbit/s"),
+        (["--gpus", "8,16", "--jitter", "nan"], "--jitter must be a finite number, got nan"),  # hung before
+        (["--step-ms", "inf"], "--step-ms must be a finite number, got inf"),
+        (["--bucket-mb", "nan"], "--bucket-mb must be a finite number, got nan"),
+        (["--json", "/"], "--json '/' is a folder; give a file path"),
+        (["--plot", "/tmp/efficiency.txt"], "write a .png, .svg or .pdf path"),
+        (["--layout", "2x1x4"], "--layout only applies with --parallel; add --parallel or drop --layout"),
+        (["--device-memory", "80"], "--device-memory only applies with --parallel"),
+        (["--sync-every", "5"], "--sync-every only applies with --lowcomm; add --lowcomm or drop --sync-every"),
+        (["--lowcomm", "--plot", "x.png"], "--plot draws the data-parallel scaling plan; drop it with --lowcomm"),
+        (["--module", "ringtrain.plan.calibrate:mnist_cnn", "--input-shape", "3,224,224", "--step-ms", "5"],
+         "failed on an input of shape 3,224,224"),
+        (["--module", "ringtrain.plan.calibrate:mnist_cnn", "--input-shape", "0", "--step-ms", "5"],
+         "--input-shape '0': write whole numbers >= 1"),
+        (_PARALLEL + ["--layout", "32x1x1", "--gpus", "32"], "32 pipeline stages for 24 layers"),
+        (_PARALLEL + ["--layout", "1x2x8", "--heads", "3"], "2 tensor ranks do not divide --heads 3"),
+        (_PARALLEL + ["--microbatches", "0", "--device-memory", "80"], "--microbatches must be >= 1, got 0"),
+        (_PARALLEL + ["--device-memory", "0"], "--device-memory must be > 0 GiB, got 0"),
+        (_PARALLEL + ["--global-batch", "-3", "--device-memory", "8"], "--global-batch must be >= 1, got -3"),
     ],
 )
 def test_user_errors_are_one_line_and_exit_2(argv: list[str], needle: str, capsys: pytest.CaptureFixture[str]) -> None:
@@ -116,6 +140,38 @@ def test_params_alone_plan_that_model_not_the_default_one(capsys: pytest.Capture
     assert "custom (1.2M parameters" in out and "resnet50" not in out
     assert main(["--gpus", "8"]) == 0  # nothing about the model: the default, resnet50
     assert "model resnet50" in capsys.readouterr().out
+
+
+def test_lowcomm_takes_the_bucket_size_and_the_framework_it_is_given(capsys: pytest.CaptureFixture[str]) -> None:
+    # Before, --lowcomm put DDP's 25 MB buckets in place of both, without a word.
+    base = ["--lowcomm", "--params", "1.2M", "--step-ms", "18", "--gpus", "4", "--gpus-per-host", "1"]
+
+    def header(*extra: str) -> str:
+        assert main(base + list(extra)) == 0
+        return next(line for line in capsys.readouterr().out.splitlines() if line.startswith("framework"))
+
+    assert header().startswith("framework ddp: buckets 25 MB")
+    assert header("--bucket-mb", "1").startswith("framework ddp: buckets 1 MB")
+    assert header("--framework", "horovod").startswith("framework horovod")
+
+
+def test_parallel_plans_pay_the_round_trip_they_are_given(tmp_path: Path) -> None:
+    argv = _PARALLEL + ["--hidden", "2048", "--seq", "512", "--global-batch", "64", "--network", "1gbit",
+                        "--layout", "4x1x4"]
+
+    def step(*extra: str) -> float:
+        out = tmp_path / "p.json"
+        assert main(argv + ["--json", str(out), *extra]) == 0
+        return float(json.loads(out.read_text())[0]["step_s"])
+
+    assert step("--rtt-ms", "50") > step() * 1.2  # before, --rtt-ms was dropped here
+
+
+def test_a_bare_plot_name_reports_the_png_it_writes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("matplotlib")
+    assert main(["--gpus", "8,16", "--plot", str(tmp_path / "eff")]) == 0
+    assert (tmp_path / "eff.png").is_file()
+    assert f"wrote {tmp_path / 'eff.png'}" in capsys.readouterr().out
 
 
 def test_a_reader_that_goes_away_ends_the_command_without_a_traceback() -> None:
