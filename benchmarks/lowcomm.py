@@ -100,7 +100,7 @@ def rank_main(job_file: str) -> int:
     torch.set_num_threads(1)
     rt.init()
     try:
-        records = [_train(method, h, int(job["steps"]), job["iface"], int(job["batch"]))
+        records = [_train(method, h, int(job["steps"]), job["iface"], int(job["batch"]), float(job["lr"]))
                    for method, h in job["methods"]]
         if rt.rank() == 0:
             Path(job["out"]).write_text(json.dumps(records))
@@ -109,7 +109,7 @@ def rank_main(job_file: str) -> int:
     return 0
 
 
-def _train(method: str, h: int, steps: int, iface: str, batch: int) -> dict[str, Any]:
+def _train(method: str, h: int, steps: int, iface: str, batch: int, lr: float) -> dict[str, Any]:
     """Train one method from the common start; rank 0's record (None elsewhere)."""
     import torch
     import torch.nn.functional as F
@@ -121,7 +121,7 @@ def _train(method: str, h: int, steps: int, iface: str, batch: int) -> dict[str,
     torch.manual_seed(0)
     model = MnistCNN()  # the same start on every rank, for every method
     torch.manual_seed(1 + rt.rank())  # each rank's own dropout
-    inner = torch.optim.Adam(model.parameters(), lr=LR)
+    inner = torch.optim.Adam(model.parameters(), lr=lr)
     schedule = torch.optim.lr_scheduler.LambdaLR(
         inner, lambda s: 0.1 + 0.45 * (1 + math.cos(math.pi * min(s, steps) / steps)))
     sent = [0]
@@ -220,13 +220,13 @@ def _loopback_launch(argv: list[str], n: int, timeout_s: float) -> None:
 
 def run(rounds: int, steps: int, loopback: bool, methods: list[tuple[str, int]], timeout_s: float = 1800,
         prefix: str = "rtsh", subnet: str = "10.213.70", n: int = N,
-        batch: int = BATCH) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+        batch: int = BATCH, lr: float = LR) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Every method once per round, rounds taking turns; (records, meta)."""
     import shaped_hosts
 
     hosts = None
     meta: dict[str, Any] = {"n": n, "batch_per_rank": batch, "steps": steps, "rounds": rounds,
-                            "target": TARGET, "lr": LR, "host": platform.node(), "cores": os.cpu_count(),
+                            "target": TARGET, "lr": lr, "host": platform.node(), "cores": os.cpu_count(),
                             "transport": "loopback" if loopback else "shaped-veth"}
     if not loopback:
         hosts = shaped_hosts.build(n, MBIT, DELAY_MS, prefix=prefix, subnet=subnet)
@@ -242,7 +242,7 @@ def run(rounds: int, steps: int, loopback: bool, methods: list[tuple[str, int]],
             os.chmod(tmp, 0o755)
             for r in range(rounds):
                 order = methods[r % len(methods):] + methods[:r % len(methods)]
-                job = {"methods": order, "steps": steps, "out": f"{tmp}/rec-{r}.json", "batch": batch,
+                job = {"methods": order, "steps": steps, "out": f"{tmp}/rec-{r}.json", "batch": batch, "lr": lr,
                        "iface": "lo" if loopback else "eth0"}
                 job_file = f"{tmp}/job-{r}.json"
                 Path(job_file).write_text(json.dumps(job))
@@ -335,7 +335,8 @@ def summarize(records: list[dict[str, Any]], meta: dict[str, Any]) -> tuple[list
             + f"{s['step_s'] * 1e3:>8.1f} "
             + (f"{s['predicted_step_s'] * 1e3:>8.1f} {err:>+7.1%}" if err is not None else f"{'-':>8} {'-':>7}"))
     lines.append(f"(medians of {meta['rounds']} round(s); target loss {meta['target']}; {meta['steps']} steps "
-                 f"x {meta['n']} ranks x {meta['batch_per_rank']} samples; planner: compute "
+                 f"x {meta['n']} ranks x {meta['batch_per_rank']} samples; inner lr {meta.get('lr', LR):g}; "
+                 "planner: compute "
                  + (f"{compute_s * 1e3:.1f} ms per step (mean local step of {source[0]} H={source[1]})"
                     if compute_s and source else "unknown (no periodic run)") + ")")
     return summary, "\n".join(lines)
@@ -350,6 +351,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ranks", type=int, default=N, help=f"ranks (default {N}; one per core on loopback: 2 here)")
     p.add_argument("--batch", type=int, default=BATCH,
                    help=f"samples per rank per step (default {BATCH}; keep ranks x batch = 16 for the target)")
+    p.add_argument("--lr", type=float, default=LR,
+                   help=f"the inner (every-step) optimizer's learning rate, every method (default {LR:g})")
     p.add_argument("--methods", help="comma list of method:H (default all: sync:1,localsgd:10,...)")
     p.add_argument("--json", help="write the records to this file")
     p.add_argument("--netns-prefix", default="rtsh", help="names of the shaped hosts (default rtsh)")
@@ -367,13 +370,22 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     if args.ranks < 2 or args.batch < 1:
         p.error(f"--ranks must be >= 2 and --batch >= 1, got {args.ranks} and {args.batch}")
+    if not args.lr > 0:
+        p.error(f"--lr must be > 0, got {args.lr}")
     rounds = args.rounds or (1 if args.quick else 3)
     steps = args.steps or (150 if args.quick else 600)
     methods = METHODS
     if args.methods:
-        methods = [(m.split(":")[0], int(m.split(":")[1])) for m in args.methods.split(",")]
+        methods = []
+        for item in args.methods.split(","):
+            name, _, h = item.partition(":")
+            if name not in ("sync", "localsgd", "diloco") or not h.isdigit() or int(h) < 1 \
+                    or (name == "sync") != (int(h) == 1):
+                p.error(f"--methods: {item!r} is not METHOD:H (sync:1, localsgd:H or diloco:H with H >= 2), "
+                        "e.g. --methods sync:1,diloco:50")
+            methods.append((name, int(h)))
     records, meta = run(rounds, steps, args.loopback, methods, prefix=args.netns_prefix,
-                        subnet=args.netns_subnet, n=args.ranks, batch=args.batch)
+                        subnet=args.netns_subnet, n=args.ranks, batch=args.batch, lr=args.lr)
     summary, table = summarize(records, meta)
     print(table)
     if args.json:

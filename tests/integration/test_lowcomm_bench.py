@@ -102,13 +102,21 @@ def test_the_planner_still_predicts_the_recorded_one_rank_per_core_loopback_step
         assert abs(s["planner_error"]) <= 0.2, s
 
 
-@pytest.mark.parametrize("argv", [["--loopback", "--ranks", "1"], ["--loopback", "--batch", "0"]])
-def test_a_rank_count_or_batch_that_cannot_train_is_refused_before_anything_starts(
-        argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize(("argv", "needle"), [
+    (["--loopback", "--ranks", "1"], "--ranks must be >= 2 and --batch >= 1, got 1 and 4"),
+    (["--loopback", "--batch", "0"], "--ranks must be >= 2 and --batch >= 1, got 4 and 0"),
+    (["--loopback", "--lr", "0"], "--lr must be > 0, got 0.0"),
+    (["--loopback", "--methods", "sync"], "--methods: 'sync' is not METHOD:H"),
+    (["--loopback", "--methods", "diloco:1"], "--methods: 'diloco:1' is not METHOD:H"),
+    (["--loopback", "--methods", "sync:1,adam:5"], "--methods: 'adam:5' is not METHOD:H"),
+])
+def test_settings_that_cannot_train_are_refused_in_one_line_before_anything_starts(
+        argv: list[str], needle: str, capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exc:
         lowcomm.main(argv)
     assert exc.value.code == 2
-    assert "--ranks must be >= 2 and --batch >= 1" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert needle in err and "Traceback" not in err
 
 
 def _namespaces() -> list[str]:
