@@ -96,6 +96,31 @@ def build_command(args: argparse.Namespace) -> list[str]:
     return command
 
 
+def _is_our_trace(path: Path) -> bool:
+    """Whether ``path`` is a timeline ringtrain wrote (its ``otherData.producer``)."""
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(doc, dict) and isinstance(doc.get("otherData"), dict) \
+        and doc["otherData"].get("producer") == "ringtrain"
+
+
+def _check_paths(out: Path, timeline: Path) -> None:
+    """Refuse paths the run would fail on or whose files it would wrongly replace."""
+    if out.exists() and not out.is_dir():
+        raise _UsageError(f"--out {str(out)!r} is a file; give a folder for the reports, e.g. runs/doctor")
+    if timeline.is_dir():
+        raise _UsageError(f"--timeline {str(timeline)!r} is a folder; give a file path, e.g. "
+                          f"{timeline / 'timeline.json'}")
+    # The old trace at this path is replaced, so that a run that writes none cannot show
+    # the last one; a file that is not a ringtrain trace is the user's, never removed.
+    for path in [timeline, *timeline.parent.glob(f"{timeline.stem}.rank*{timeline.suffix}")]:
+        if path.is_file() and not _is_our_trace(path):
+            raise _UsageError(f"--timeline: {str(path)!r} exists and is not a ringtrain timeline; "
+                              "choose another path (it is not overwritten)")
+
+
 def _clean(out: Path, timeline: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     stale = [*out.glob("meter-*.json"), timeline,
@@ -145,11 +170,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
         command = build_command(args)
+        out = Path(args.out)
+        timeline = Path(args.timeline) if args.timeline else out / "timeline.json"
+        _check_paths(out, timeline)
     except _UsageError as exc:
         print(f"ringtrain doctor: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    out = Path(args.out)
-    timeline = Path(args.timeline) if args.timeline else out / "timeline.json"
     _clean(out, timeline)
     env = dict(os.environ)
     env.update({DOCTOR_ENV: str(out.resolve()), DOCTOR_STEPS_ENV: str(args.steps),
