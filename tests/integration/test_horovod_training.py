@@ -234,6 +234,43 @@ def test_a_rank_that_never_submits_is_named_after_the_stall_timeout() -> None:
     assert "did not complete within 3 s" in join and "still missing rank(s) [1]" in join
 
 
+def _late() -> str:
+    import logging
+    import os
+    import time
+
+    import ringtrain.horovod as hvd
+
+    os.environ.pop("RINGTRAIN_STALL_TIMEOUT", None)  # Horovod's default: no limit
+    seen: list[str] = []
+
+    class Catch(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            seen.append(record.getMessage())
+
+    logging.getLogger("ringtrain.coordinator").addHandler(Catch())
+    hvd.init()
+    if hvd.rank() == 1:
+        time.sleep(3.5)  # a long evaluation on one rank: past the warning, no limit set
+    total = hvd.allreduce(torch.full((2,), float(hvd.rank() + 1)), name="grad", op=hvd.Sum)
+    hvd.shutdown()
+    return f"{total.tolist()}|{len(seen)}|{seen[0] if seen else ''}"
+
+
+@pytest.mark.timeout(60)
+def test_a_late_rank_is_warned_about_as_horovod_does_and_the_operation_completes() -> None:
+    """Horovod's stall check warns and never gives up by default; before, the drop-in
+    raised after 60 s (ringtrain's own limit), failing a rank 0 that evaluated longer."""
+    rank0, rank1 = run_world(_late, 2, init=False, env={"HOROVOD_STALL_CHECK_TIME_SECONDS": "1"},
+                             timeout=50)
+    total, warnings, first = rank0.split("|")
+    assert total == "[3.0, 3.0]" and rank1.startswith("[3.0, 3.0]|0|")
+    assert int(warnings) >= 2  # every second while rank 1 was away
+    assert first.startswith("allreduce 'allreduce.grad' has waited 1 s: submitted by rank(s) [0], "
+                            "still missing rank(s) [1]")
+    assert "still waiting" in first
+
+
 @pytest.mark.timeout(180)
 def test_elastic_job_survives_a_killed_worker_and_processes_every_sample_once(tmp_path: Path) -> None:
     import os

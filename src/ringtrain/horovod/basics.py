@@ -20,6 +20,7 @@ import torch
 from ringtrain import runtime, wiring
 from ringtrain.errors import ConfigError, NotInitializedError
 from ringtrain.horovod._coordinator import Engine, ProcessSet
+from ringtrain.horovod.stall import stall_limits
 from ringtrain.horovod.timeline import start_from_env
 
 __all__ = [
@@ -72,9 +73,10 @@ def init(comm: Any = None, process_sets: Sequence[ProcessSet] | str | None = Non
     if _engine is not None:
         return
     world = wiring.init()
+    warning, limit = stall_limits(os.environ, world.settings.stall_timeout)
     _engine = Engine(
         world.env.rank, world.env.size, _connect if world.env.size > 1 else None,
-        fusion_bytes=_fusion_bytes(), stall_timeout=world.settings.stall_timeout,
+        fusion_bytes=_fusion_bytes(), stall_timeout=limit, stall_warning=warning,
         cuda_backend="nccl" if world.backend == "nccl" else None,
     )
     global_process_set._bind(0, list(range(world.env.size)), world.env.rank, None)

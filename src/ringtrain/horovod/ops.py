@@ -228,8 +228,10 @@ def grouped_reducescatter_async(tensors: Sequence[torch.Tensor], name: str | Non
 def join(device: int = -1) -> int:
     """This rank has no more data: it contributes zeros to the others' allreduces until
     every rank has joined. Returns the rank that joined last (the same on every rank).
-    A rank that never joins is a ``HorovodInternalError`` after the stall timeout, as
-    every other operation's failure here."""
+    A rank that never joins is named in a warning every stall-check interval, as Horovod
+    does, and with a stall limit set (``HOROVOD_STALL_SHUTDOWN_TIME_SECONDS``,
+    ``RINGTRAIN_STALL_TIMEOUT``) a ``HorovodInternalError`` after it, as every other
+    operation's failure here (:mod:`ringtrain.horovod.stall`)."""
     with horovod_errors():
         return int(engine().join().wait())
 

@@ -14,6 +14,7 @@ The settings flags (``--stall-timeout``, ``--no-progress``, ...) are derived fro
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import shutil
 import sys
@@ -31,7 +32,7 @@ from ringtrain.launch.output import check_output_dir
 from ringtrain.launch.slots import local_slots
 from ringtrain.launch.ssh import SshOptions, parse_ssh_option
 from ringtrain.launch.start import run_job
-from ringtrain.settings import flag_specs, settings_env
+from ringtrain.settings import env_name, flag_specs, settings_env
 
 __all__ = ["build_config", "build_parser", "main"]
 
@@ -71,7 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
     elastic.add_argument("--blacklist-cooldown-range", type=float, nargs=2, metavar=("MIN", "MAX"),
                          help="a failed host comes back after MIN..MAX seconds, doubled at each "
                               "failure (default: a discovered host after 60 s, a -H host never)")
-    elastic.add_argument("--slots-per-host", type=int, default=1, metavar="N",
+    elastic.add_argument("--slots-per-host", type=int, metavar="N",
                          help="slots of a host the discovery script prints without ':slots' (default 1)")
     elastic.add_argument("--like-horovod", action="store_true",
                          help="Horovod's elastic rules, as horovodrun uses them: every host name is "
@@ -123,9 +124,19 @@ def _check_command(command: list[str]) -> None:
             raise ConfigError(f"script {script!r} does not exist (working directory {os.getcwd()})")
 
 
-def _settings_env(args: argparse.Namespace) -> dict[str, str]:
+def _settings_env(args: argparse.Namespace, exported: dict[str, str]) -> dict[str, str]:
+    """The flags' RINGTRAIN_* variables, checked with the -x exports beside them: local
+    ranks take -x last and remote ones take the flag last, so the two naming one setting
+    would give ranks different values."""
     given = {spec.field: getattr(args, f"setting_{spec.field}") for spec in flag_specs()}
-    return settings_env(given)
+    env = settings_env(given)
+    for spec in flag_specs():
+        name = env_name(spec.field)
+        if name in env and name in exported:
+            raise ConfigError(f"-x {name}={exported[name]} and {spec.flag} both set {name}; give one of them")
+    # The -x values of ringtrain's own settings reach every rank: check them here too.
+    settings_env({}, {**os.environ, **{k: v for k, v in exported.items() if k.startswith("RINGTRAIN_")}})
+    return env
 
 
 def _ssh_options(args: argparse.Namespace) -> SshOptions:
@@ -224,6 +235,9 @@ def _elastic(args: argparse.Namespace, where: _Where, warnings: list[str]) -> El
                             (args.like_horovod, "--like-horovod")]:
             if given:
                 raise ConfigError(f"{flag} applies to a resizable job; add --min-np and --max-np")
+        if args.slots_per_host is not None:
+            raise ConfigError("--slots-per-host applies to the hosts a --host-discovery-script prints; "
+                              "give -H hosts their slots as host:N")
         return None
     if where.transport == "srun":
         raise ConfigError("a resizable job (--min-np/--max-np) cannot run inside a Slurm "
@@ -240,6 +254,9 @@ def _elastic(args: argparse.Namespace, where: _Where, warnings: list[str]) -> El
                           "chmod +x it or check the path")
     if args.oversubscribe:
         warnings.append("--oversubscribe has no effect on a resizable job (one rank per slot)")
+    if args.slots_per_host is not None and not script and not args.like_horovod:
+        raise ConfigError("--slots-per-host applies to the hosts a --host-discovery-script prints; "
+                          "give -H hosts their slots as host:N")
     min_np = args.min_np if args.min_np is not None else args.np
     if min_np is None:
         raise ConfigError("--min-np M is needed for a resizable job (the fewest ranks it may go on with)")
@@ -253,7 +270,7 @@ def _elastic(args: argparse.Namespace, where: _Where, warnings: list[str]) -> El
                          discovery_script=script, np=args.np, reset_limit=args.reset_limit,
                          cooldown_range=tuple(cooldown) if cooldown else None,
                          elastic_timeout=args.elastic_timeout, like_horovod=args.like_horovod,
-                         slots_per_host=args.slots_per_host)
+                         slots_per_host=1 if args.slots_per_host is None else args.slots_per_host)
 
 
 def build_config(argv: list[str]) -> JobConfig:
@@ -264,7 +281,7 @@ def build_config(argv: list[str]) -> JobConfig:
     _check_command(command)
     if args.max_restarts < 0:
         raise ConfigError(f"--max-restarts must be >= 0, got {args.max_restarts}")
-    if args.start_timeout <= 0:
+    if not 0 < args.start_timeout < math.inf:  # NaN too
         raise ConfigError(f"--start-timeout must be > 0 seconds, got {args.start_timeout:g}")
     if args.output_filename:
         check_output_dir(args.output_filename)
@@ -275,6 +292,7 @@ def build_config(argv: list[str]) -> JobConfig:
         if not (args.hosts or args.hostfile or args.host_discovery_script):
             raise ConfigError("a resizable job (--min-np/--max-np) needs its hosts: -H, "
                               "--hostfile or --host-discovery-script")
+    exported = _exports(args.export)
     where = _where(args, warnings)
     hosts, transport = where.hosts, where.transport
     elastic = _elastic(args, where, warnings)
@@ -300,10 +318,10 @@ def build_config(argv: list[str]) -> JobConfig:
         output_dir=args.output_filename,
         prefix_output=not args.no_prefix,
         timestamp_output=args.timestamp_output,
-        extra_env=_exports(args.export),
+        extra_env=exported,
         master_addr=args.master_addr,
         master_port=args.master_port,
-        settings_env=_settings_env(args),
+        settings_env=_settings_env(args, exported),
         ssh=_ssh_options(args),
         network_interface=interface,
         start_timeout=args.start_timeout,

@@ -113,14 +113,16 @@ FLAGS: tuple[Flag, ...] = (
          "a CYCLE_START mark per coordinator cycle in the timeline", "HOROVOD_TIMELINE_MARK_CYCLES",
          inverse=("--no-timeline-mark-cycles",)),
     Flag(("--no-stall-check",), "no_stall_check", "mapped",
-         "ringtrain's stall_timeout set to a year: a stalled exchange waits as long as it takes",
+         "no stall warnings (HOROVOD_STALL_CHECK_DISABLE=1 for every rank) and ringtrain's "
+         "stall_timeout set to a year: a stalled exchange waits as long as it takes",
          "HOROVOD_STALL_CHECK_DISABLE", inverse=("--stall-check",)),
-    Flag(("--stall-check-warning-time-seconds",), "stall_check_warning_time_seconds", "no-effect",
-         "ringtrain names the missing ranks when it ends a stalled exchange, after "
-         "--stall-check-shutdown-time-seconds; there is no earlier warning",
+    Flag(("--stall-check-warning-time-seconds",), "stall_check_warning_time_seconds", "mapped",
+         "HOROVOD_STALL_CHECK_TIME_SECONDS for every rank: how often a stalled operation's "
+         "warning names the ranks that have not submitted it (default 60 s)",
          "HOROVOD_STALL_CHECK_TIME_SECONDS", value="int"),
     Flag(("--stall-check-shutdown-time-seconds",), "stall_check_shutdown_time_seconds", "mapped",
-         "ringtrain's stall_timeout: a stalled exchange ends the job naming the missing ranks",
+         "ringtrain's stall_timeout: a stalled exchange ends the job naming the missing ranks "
+         "after this long (0, the default, as Horovod's: never)",
          "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", value="int"),
     Flag(("--mpi-threads-disable",), "mpi_threads_disable", "no-effect", _MPI, "HOROVOD_MPI_THREADS_DISABLE",
          inverse=("--no-mpi-threads-disable",)),

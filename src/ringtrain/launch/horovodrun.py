@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shlex
 import subprocess
@@ -194,7 +195,7 @@ def _tuning_flags(a: dict[str, Any]) -> list[str]:
     """ringrun's flags for Horovod's settings that ringtrain has."""
     out: list[str] = []
     if a["fusion_threshold_mb"] is not None:
-        if a["fusion_threshold_mb"] < 0:
+        if not 0 <= a["fusion_threshold_mb"] < math.inf:  # NaN too
             raise ConfigError(f"--fusion-threshold-mb must be >= 0, got {a['fusion_threshold_mb']:g}")
         # 0 is Horovod's "no fusion": a one-byte bucket, so every tensor travels alone.
         mb = a["fusion_threshold_mb"] or 1 / 2**20
@@ -207,9 +208,15 @@ def _tuning_flags(a: dict[str, Any]) -> list[str]:
     if a["timeline_mark_cycles"]:
         out += ["-x", "HOROVOD_TIMELINE_MARK_CYCLES=1"]
     if a["no_stall_check"]:
-        out += [_setting_flag("stall_timeout"), str(_NO_STALL_TIMEOUT_S)]
-    elif a["stall_check_shutdown_time_seconds"]:  # Horovod's 0: never shut down
-        out += [_setting_flag("stall_timeout"), f"{a['stall_check_shutdown_time_seconds']:g}"]
+        out += [_setting_flag("stall_timeout"), str(_NO_STALL_TIMEOUT_S), "-x", "HOROVOD_STALL_CHECK_DISABLE=1"]
+    else:
+        if a["stall_check_shutdown_time_seconds"]:  # Horovod's 0: never shut down (the hvd default)
+            out += [_setting_flag("stall_timeout"), f"{a['stall_check_shutdown_time_seconds']:g}"]
+        if a["stall_check_warning_time_seconds"] is not None:
+            if a["stall_check_warning_time_seconds"] < 0:
+                raise ConfigError("--stall-check-warning-time-seconds must be >= 0, got "
+                                  f"{a['stall_check_warning_time_seconds']}")
+            out += ["-x", f"HOROVOD_STALL_CHECK_TIME_SECONDS={a['stall_check_warning_time_seconds']}"]
     if a["gloo_timeout_seconds"] is not None:
         if a["gloo_timeout_seconds"] <= 0:
             raise ConfigError(f"--gloo-timeout-seconds must be > 0, got {a['gloo_timeout_seconds']}")
@@ -246,7 +253,7 @@ def translate(argv: list[str], environ: Mapping[str, str] | None = None) -> Tran
     if resizable:
         out += _resize_flags(a)
     else:
-        for dest in ("elastic_timeout", "cooldown_range", "slots"):
+        for dest in ("elastic_timeout", "cooldown_range", "slots") + (("reset_limit",) if fixed is None else ()):
             if a[dest] is not None:
                 warnings.append(f"{source[dest]} applies to an elastic job (--min-np/--max-np or "
                                 "--host-discovery-script); ignored")
@@ -270,8 +277,6 @@ def translate(argv: list[str], environ: Mapping[str, str] | None = None) -> Tran
     if fixed is not None:
         limit = DEFAULT_RESET_LIMIT if a["reset_limit"] is None else a["reset_limit"]
         out += ["--max-restarts", str(limit)]
-    elif a["reset_limit"] is not None and not resizable:
-        out += ["--max-restarts", str(a["reset_limit"])]
     rows = by_dest()
     warnings += [f"{source[dest]} has no effect with ringtrain: {rows[dest].meaning}"
                  for dest in sorted(rows, key=lambda d: [f.dest for f in FLAGS].index(d))

@@ -53,6 +53,12 @@ def test_settings_flags_are_derived_from_the_settings_fields() -> None:
     (["-np", "2", "--bogus", PY], "unrecognized arguments: --bogus"),
     (["-np", "2", "-H", "localhost:1,127.0.0.1:1", PY], "listed more than once"),
     (["-np", "1", "--start-timeout", "0", PY], "--start-timeout must be > 0"),
+    (["-np", "1", "--start-timeout", "nan", PY], "--start-timeout must be > 0"),
+    (["-np", "1", "--start-timeout", "inf", PY], "--start-timeout must be > 0"),
+    # -x reaches local ranks last and the flag remote ones: one setting, two values
+    (["-np", "1", "-x", "RINGTRAIN_FUSION_MB=5", "--fusion-mb", "10", PY],
+     "-x RINGTRAIN_FUSION_MB=5 and --fusion-mb both set RINGTRAIN_FUSION_MB; give one of them"),
+    (["-np", "1", "-x", "RINGTRAIN_FUSION_MB=abc", PY], "RINGTRAIN_FUSION_MB='abc' is not a valid float"),
     (["-np", "1", "--stall-timeout", "inf", PY], "stall_timeout must be a finite number > 0"),
     (["-np", "1", "--stall-timeout", "nan", PY], "stall_timeout must be a finite number > 0"),
     (["-np", "1", "--fusion-mb", "0", PY], "fusion_mb must be a finite number > 0"),

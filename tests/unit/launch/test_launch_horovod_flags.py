@@ -103,7 +103,10 @@ def test_docs_migrate_table_is_the_generated_one() -> None:
     ("--log-hide-timestamp", []),
     ("-prefix-timestamp", ["--timestamp-output"]),
     ("--gloo-timeout-seconds 45", ["--init-timeout", "45"]),
-    ("--no-stall-check --stall-check-shutdown-time-seconds 9", ["--stall-timeout", "31536000"]),
+    ("--no-stall-check --stall-check-shutdown-time-seconds 9",
+     ["--stall-timeout", "31536000", "-x", "HOROVOD_STALL_CHECK_DISABLE=1"]),
+    ("--stall-check-warning-time-seconds 5", ["-x", "HOROVOD_STALL_CHECK_TIME_SECONDS=5"]),
+    ("--stall-check-shutdown-time-seconds 0", []),  # Horovod's "never", the drop-in's default
     ("--stall-check", []),
     ("--tcp", ["-x", "NCCL_IB_DISABLE=1"]),
     ("--timeline-filename t.json --timeline-mark-cycles",
@@ -214,7 +217,11 @@ def test_ringrun_elastic_flags() -> None:
     ("-np 2 --like-horovod true", "--like-horovod applies to a resizable job"),
     ("-H a:1,b:1 --min-np 1 --blacklist-cooldown-range 5 1 true", "0 < MIN <= MAX"),
     ("-H a:1,b:1 --min-np 1 --elastic-timeout -1 true", "--elastic-timeout must be >= 0"),
-    ("-H a:1,b:1 --min-np 1 --slots-per-host 0 true", "--slots-per-host must be >= 1"),
+    ("-H a:1,b:1 --min-np 1 --slots-per-host 0 true",
+     "--slots-per-host applies to the hosts a --host-discovery-script prints"),
+    ("--host-discovery-script /bin/true --min-np 1 --slots-per-host 0 true", "--slots-per-host must be >= 1"),
+    ("-np 2 -H a:1,b:1 --slots-per-host 2 true", "--slots-per-host applies to the hosts a --host-discovery-script"),
+    ("-H a:1,b:1 --min-np 1 --elastic-timeout nan true", "--elastic-timeout must be >= 0"),
 ])
 def test_ringrun_bad_elastic_flags(line: str, fragment: str) -> None:
     with pytest.raises(ConfigError, match=re.escape(fragment)):

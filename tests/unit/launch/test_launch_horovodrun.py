@@ -94,6 +94,8 @@ def test_start_timeout_comes_from_horovods_variable() -> None:
     ("-np 2 --config-file /nonexistent/c.yaml true", "cannot be read"),
     ("--max-np 4 true", "--min-np is needed"),
     ("-np 2 --fusion-threshold-mb -1 true", "must be >= 0"),
+    ("-np 2 --fusion-threshold-mb nan true", "must be >= 0"),
+    ("-np 2 --fusion-threshold-mb inf true", "must be >= 0"),
     ("-np 2 --gloo --mpi true", "--mpi is not supported"),
     ("-np 2 -H a:1 --hostfile f true", "-H and --hostfile cannot be used together"),
     ("-np 2 --log-level LOUD true", "invalid choice"),
@@ -103,6 +105,13 @@ def test_start_timeout_comes_from_horovods_variable() -> None:
 def test_unsupported_or_wrong_flags_are_one_line_errors(line: str, fragment: str) -> None:
     with pytest.raises(ConfigError, match=fragment):
         translate(line.split(), {})
+
+
+def test_reset_limit_of_a_job_that_is_not_elastic_is_ignored_as_in_horovod() -> None:
+    # Before, it became --max-restarts: a failed job restarted where Horovod's ends.
+    t = translate("-np 2 --reset-limit 3 true".split(), {})
+    assert "--max-restarts" not in t.ringrun_argv
+    assert any(w.startswith("--reset-limit applies to an elastic job") for w in t.warnings)
 
 
 def test_tuning_flags_without_effect_are_warned_not_refused() -> None:

@@ -22,8 +22,10 @@ One background thread per process does it in *cycles*:
 4. Run them (:mod:`~.execute`) on the process sets' private groups, complete the
    handles.
 
-A handle's wait gives up after ``stall_timeout`` with a :class:`StallError` naming the
-ranks that never submitted the operation, instead of hanging.
+A handle's wait logs a warning naming the ranks that have not submitted the operation
+every ``stall_warning`` seconds, as Horovod's stall check does, and gives up after
+``stall_timeout`` with a :class:`StallError` naming them (``None``: it waits as long
+as it takes, Horovod's default).
 """
 
 from __future__ import annotations
@@ -75,9 +77,20 @@ class PendingOp:
         self._event.set()
 
     def wait(self) -> Any:
-        timeout = self.engine.stall_timeout
-        if not self._event.wait(timeout):
-            raise self.engine.stall_error(self.meta, timeout)
+        timeout, every = self.engine.stall_timeout, self.engine.stall_warning
+        start = time.monotonic()
+        warn_at = every
+        while True:
+            marks = [m for m in (warn_at, timeout) if m is not None]
+            left = None if not marks else max(0.0, min(marks) - (time.monotonic() - start))
+            if self._event.wait(left):
+                break
+            waited = time.monotonic() - start
+            if timeout is not None and waited >= timeout:
+                raise self.engine.stall_error(self.meta, timeout)
+            if warn_at is not None and every is not None and waited >= warn_at:
+                log.warning("%s", self.engine.stall_text(self.meta, waited, final=False))
+                warn_at += every
         if self._error is not None:
             raise self._error
         return self._result
@@ -95,7 +108,8 @@ class Engine:
     """The coordinator of one process (see the module docstring)."""
 
     def __init__(self, rank: int, size: int, connect: Callable[[], dist.Store] | None, *,
-                 fusion_bytes: int, stall_timeout: float, cuda_backend: str | None = None) -> None:
+                 fusion_bytes: int, stall_timeout: float | None, cuda_backend: str | None = None,
+                 stall_warning: float | None = None) -> None:
         """``connect()`` opens a new connection to the job's store (None: a 1-process
         world, woken in-process). The cycle thread and the submitting threads each get
         their own: a store client serialises its calls, and the thread's blocking
@@ -104,6 +118,7 @@ class Engine:
         self._waker: _Waker = _StoreWaker(connect) if connect is not None and size > 1 else _LocalWaker()
         self.fusion_bytes = fusion_bytes
         self.stall_timeout = stall_timeout
+        self.stall_warning = stall_warning
         self._cuda_backend = cuda_backend
         # Private groups: the cycle exchange and the operations never interleave with
         # the collectives the script issues on the default group meanwhile.
@@ -271,6 +286,12 @@ class Engine:
         self._thread.join(timeout)
 
     def stall_error(self, meta: Meta, timeout: float) -> StallError:
+        runtime.mark_broken(f"{meta.kind} {meta.name!r} stalled")
+        return StallError(self.stall_text(meta, timeout, final=True))
+
+    def stall_text(self, meta: Meta, waited: float, final: bool) -> str:
+        """Who has not submitted ``meta`` after ``waited`` s: the error's text when the
+        wait gives up (``final``), else the warning's."""
         with self._lock:
             entry = self._table.get(meta.key)
             came = sorted(entry.metas) if entry else [self.rank]
@@ -278,20 +299,20 @@ class Engine:
             joined = sorted(self._joined)
             running = meta.key in self._running
         missing = [r for r in members if r not in came and r not in joined]
-        runtime.mark_broken(f"{meta.kind} {meta.name!r} stalled")
+        head = (f"{meta.kind} {meta.name!r} did not complete within {waited:g} s" if final else
+                f"{meta.kind} {meta.name!r} has waited {waited:.0f} s")
+        tail = ("RINGTRAIN_STALL_TIMEOUT sets the limit" if final else
+                "still waiting (HOROVOD_STALL_SHUTDOWN_TIME_SECONDS or RINGTRAIN_STALL_TIMEOUT "
+                "ends such a wait with an error; HOROVOD_STALL_CHECK_DISABLE=1 silences this)")
         if running:
             # Every member submitted it: the wait is in the backend's transfer, not in
             # the negotiation (naming a "missing" rank here would send the user astray).
-            return StallError(
-                f"{meta.kind} {meta.name!r} did not complete within {timeout:g} s: every member of "
-                f"process set {meta.set_id} (ranks {members}) submitted it and its transfer on the "
-                "backend has not finished (a peer that stopped answering, or a lost connection); "
-                "RINGTRAIN_STALL_TIMEOUT sets the limit")
-        return StallError(
-            f"{meta.kind} {meta.name!r} did not complete within {timeout:g} s: submitted by "
-            f"rank(s) {came}, still missing rank(s) {missing or 'none (the job stopped)'}; "
-            "every member of the process set must submit it (RINGTRAIN_STALL_TIMEOUT sets the limit)"
-        )
+            return (f"{head}: every member of process set {meta.set_id} (ranks {members}) submitted "
+                    "it and its transfer on the backend has not finished (a peer that stopped "
+                    f"answering, or a lost connection); {tail}")
+        return (f"{head}: submitted by rank(s) {came}, still missing rank(s) "
+                f"{missing or 'none (the job stopped)'}; every member of the process set must submit "
+                f"it ({tail})")
 
     # -- the cycle thread ----------------------------------------------------------------
 

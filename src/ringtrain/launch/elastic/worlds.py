@@ -10,6 +10,7 @@ state the others are synced from.
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -67,7 +68,7 @@ class ElasticConfig:
             raise ConfigError(f"--reset-limit must be >= 0, got {self.reset_limit}")
         if self.slots_per_host < 1:
             raise ConfigError(f"--slots-per-host must be >= 1, got {self.slots_per_host}")
-        if self.elastic_timeout < 0:
+        if not 0 <= self.elastic_timeout < math.inf:  # NaN too
             raise ConfigError(f"--elastic-timeout must be >= 0 seconds, got {self.elastic_timeout:g}")
         if self.cooldown_range is not None:
             low, high = self.cooldown_range
