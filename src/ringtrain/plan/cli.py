@@ -12,8 +12,9 @@ Examples::
     ringtrain plan --validate        # the published results and the planner's predictions
     ringtrain plan --calibrate       # fit alpha and B of loopback Gloo, check a real step
     ringrun -np 4 -H a,b,c,d ringtrain plan --calibrate   # the same on the job's own network
-    ringtrain plan --parallel --params 1.3B --layers 24 --hidden 2048 --seq 2048 \
-        --global-batch 512 --gpus 64 --gpus-per-host 8 --device-memory 80 --step-ms 90000
+    ringtrain plan --parallel --params 1.3B --layers 24 --hidden 2048 --heads 16 --seq 2048 \
+        --vocab 50257 --global-batch 512 --gpus 64 --gpus-per-host 8 --device-memory 80 \
+        --tflops 150 --intra nvlink-a100 --network 200gbit-roce
                                      # model parallelism: recommend a layout (or --layout 2x4x8)
 
 Only :func:`main` prints and turns errors into exit codes; everything it calls is
