@@ -151,7 +151,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ps-shards", type=int, help="parameter servers (default: one per host)")
     p.add_argument("--ps-per-host", action="store_true",
                    help="ps: one worker per host sums its GPUs' gradients before pushing")
-    p.add_argument("--inter", default="ring", choices=("ring", "hd"), help="hierarchical: across-host algorithm")
+    p.add_argument("--inter", choices=("ring", "hd"), help="hierarchical: across-host algorithm (default ring)")
     p.add_argument("--jitter", type=float, default=DEFAULT_JITTER_CV,
                    help=f"straggler spread of one GPU's step time (default {DEFAULT_JITTER_CV})")
     p.add_argument("--baseline-gpus", type=int, default=1, help="efficiency relative to this many GPUs")
@@ -285,7 +285,7 @@ def build_scenario(args: argparse.Namespace, default_framework: str = "horovod")
         tuple(layers), compute, topo, "ring", framework,
         wire_bytes=2 if args.compression == "fp16" else 4, ps_shards=args.ps_shards,
         ps_per_host=args.ps_per_host,
-        inter=args.inter, backward_fraction=args.backward_fraction, jitter_cv=args.jitter, batch=args.batch,
+        inter=args.inter or "ring", backward_fraction=args.backward_fraction, jitter_cv=args.jitter, batch=args.batch,
     )
     return sc, name, source
 
@@ -482,6 +482,18 @@ def _check_flags(args: argparse.Namespace) -> None:
         if given:
             flag = "--" + given[0].replace("_", "-")
             raise ConfigError(f"{flag} only applies with {mode}; add {mode} or drop {flag}")
+    if args.input_shape and not args.module:
+        raise ConfigError("--input-shape applies to a --module model (to count its MACs); drop it or add --module")
+    if not (args.parallel or args.lowcomm or args.validate or args.calibrate):
+        wanted = {s.strip() for s in args.strategy.lower().split(",")}
+        if (args.ps_shards is not None or args.ps_per_host) and not wanted & {"ps", "all"}:
+            raise ConfigError("--ps-shards and --ps-per-host describe parameter servers; add ps to --strategy "
+                              "(e.g. --strategy ring,ps) or drop them")
+        if args.inter is not None and not wanted & {"hierarchical", "all"}:
+            raise ConfigError("--inter is the across-host algorithm of --strategy hierarchical; add it to "
+                              "--strategy or drop --inter")
+    if args.validate and args.json:
+        raise ConfigError("--validate prints its table and writes no JSON; drop --json")
     if args.plot and (args.parallel or args.lowcomm):
         raise ConfigError("--plot draws the data-parallel scaling plan; drop it with "
                           f"{'--parallel' if args.parallel else '--lowcomm'}")
