@@ -335,8 +335,8 @@ def _plan_lowcomm(args: argparse.Namespace) -> str:
         hs = [int(h) for h in sync_every.split(",") if h.strip()]
     except ValueError:
         raise ConfigError(f"--sync-every {sync_every!r}: give whole numbers, e.g. 10,50") from None
-    if not hs:
-        raise ConfigError("--sync-every is empty; give whole numbers, e.g. 10,50")
+    if not hs or min(hs) < 1:
+        raise ConfigError(f"--sync-every {sync_every!r}: give whole numbers >= 1, e.g. 10,50")
     counts = parse_gpus(args.gpus)
     text = [format_header(sc, name, source)]
     rows = []
@@ -482,6 +482,12 @@ def _check_flags(args: argparse.Namespace) -> None:
         if given:
             flag = "--" + given[0].replace("_", "-")
             raise ConfigError(f"{flag} only applies with {mode}; add {mode} or drop {flag}")
+    if args.jitter is not None and args.jitter < 0:
+        raise ConfigError(f"--jitter must be >= 0 (a spread of step times), got {args.jitter:g}")
+    if args.batch < 1:
+        raise ConfigError(f"--batch must be >= 1 sample per GPU, got {args.batch}")
+    if args.fragments is not None and args.fragments < 1:
+        raise ConfigError(f"--fragments must be >= 1, got {args.fragments}")
     if args.input_shape and not args.module:
         raise ConfigError("--input-shape applies to a --module model (to count its MACs); drop it or add --module")
     if not (args.parallel or args.lowcomm or args.validate or args.calibrate):

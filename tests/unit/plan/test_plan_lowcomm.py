@@ -105,7 +105,7 @@ def test_cli_prints_a_table_per_rank_count_and_writes_json(tmp_path: Path, capsy
 
 @pytest.mark.parametrize("args,words", [
     (["--sync-every", "10,x"], "--sync-every"),
-    (["--sync-every", "0"], "sync_every must be >= 1"),
+    (["--sync-every", "0"], "--sync-every '0': give whole numbers >= 1"),
     (["--strategy", "ps"], "--lowcomm compares allreduce"),
     (["--rtt-ms", "-2"], "--rtt-ms"),
 ])
