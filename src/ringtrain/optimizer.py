@@ -54,7 +54,7 @@ from typing import Any
 import torch
 
 from ringtrain import claims, collectives, events, runtime, sync
-from ringtrain.collectives import Average, Max, ReduceOp
+from ringtrain.collectives import Average, Max, ReduceOp, Sum
 from ringtrain.compression import Compression, Compressor
 from ringtrain.errors import ConfigError, OptimizerUsageError
 from ringtrain.fusion import Bucket, FusedExchange
@@ -533,10 +533,19 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 "consider using optimizer.skip_synchronize() context if you use "
                 "optimizer.synchronize() in your code.", stacklevel=2)
         self._skip_next_sync = False
-        self._finish_exchange()
+        evaluate = None
+        if closure is not None and not any(self._passes) and not self._synchronized:
+            # The closure computes this step's gradients (LBFGS, or SGD given one).
+            evaluate = self._evaluator(closure)
+        else:
+            self._finish_exchange()
         t0 = time.perf_counter()
+        result: Any
         try:
-            result = self._inner.step(closure) if closure is not None else self._inner.step()
+            if evaluate is not None:
+                result = self._inner.step(evaluate)
+            else:
+                result = self._inner.step(closure) if closure is not None else self._inner.step()
         finally:
             t_end = time.perf_counter()
             self.last_update_s = t_end - t0
@@ -546,6 +555,38 @@ class DistributedOptimizer(torch.optim.Optimizer):
             self._reset()
         events.check_stop()  # the doctor has its steps: leave here, nothing in flight
         return result
+
+    def _evaluator(self, closure: Callable[[], Any]) -> Callable[[], Any]:
+        """``closure`` as the optimizer must call it here: each call's backward is one
+        exchange, finished before the optimizer reads ``.grad``, and the loss it returns
+        is averaged over the ranks. An optimizer that decides on the loss (LBFGS's line
+        search and stopping test) then takes the same decisions, and the same number of
+        calls, on every rank, as one process on the global batch would; with the local
+        loss, ranks would stop at different calls and their exchanges would pair up
+        gradients of different calls."""
+        calls = 0
+
+        def evaluate() -> Any:
+            nonlocal calls
+            if calls:
+                self._reset()  # the last call's exchange is done: this backward is a new one
+            calls += 1
+            loss = closure()
+            self._finish_exchange()
+            return self._mean_loss(loss)
+
+        return evaluate
+
+    def _mean_loss(self, loss: Any) -> Any:
+        if loss is None or self._fusion.size == 1:
+            return loss
+        local = loss.detach().item() if isinstance(loss, torch.Tensor) else float(loss)
+        value = torch.tensor([local], dtype=torch.float64)
+        self._fusion.strategy(value, Sum, f"{self._fusion.label} closure loss").wait()
+        mean = value.item() / self._fusion.size
+        if isinstance(loss, torch.Tensor):
+            return torch.tensor(mean, dtype=loss.dtype, device=loss.device)
+        return mean
 
     # -- delegation ---------------------------------------------------------------------
 
