@@ -334,3 +334,37 @@ def _state_before_wrapping() -> dict[str, Any]:
 def test_horovods_wrapper_starts_with_an_empty_state_and_says_so() -> None:
     for o in run_world(_state_before_wrapping, 2, init=False, timeout=50):
         assert o == {"warned": True, "hvd_step": 1.0, "rt_step": 2.0}
+
+
+def _resume_recipe() -> dict[str, Any]:
+    """Horovod's resume recipe: rank 0 loads a checkpoint into the wrapped optimizer, the
+    others start empty, then broadcast_parameters and broadcast_optimizer_state."""
+    import ringtrain.horovod as hvd
+
+    hvd.init()
+    torch.manual_seed(hvd.rank())  # every rank builds its own model: the broadcast fixes it
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+    opt = hvd.DistributedOptimizer(torch.optim.AdamW(model.parameters(), lr=0.1, weight_decay=0.1),
+                                   named_parameters=model.named_parameters())
+    if hvd.rank() == 0:  # "checkpoint": one local update's state and parameters
+        torch.manual_seed(9)
+        plain = torch.optim.AdamW(model.parameters(), lr=0.1, weight_decay=0.1)
+        model(torch.randn(6, 4)).sum().backward()
+        plain.step()
+        model.zero_grad()
+        opt.load_state_dict(plain.state_dict())
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    before = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    hvd.broadcast_optimizer_state(opt, root_rank=0)
+    after = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    everyone = hvd.allgather(after.reshape(1, -1))
+    hvd.shutdown()
+    return {"moved": float((after - before).abs().max()), "apart": float((everyone[0] - everyone[1]).abs().max())}
+
+
+@pytest.mark.timeout(60)
+def test_broadcasting_the_optimizer_state_leaves_the_parameters_where_they_are() -> None:
+    # Before (as in Horovod), the ranks with an empty state took one zero-gradient AdamW
+    # update to build it, and its weight decay moved only their parameters: 1e-2 apart.
+    for o in run_world(_resume_recipe, 2, init=False, timeout=50):
+        assert o == {"moved": 0.0, "apart": 0.0}

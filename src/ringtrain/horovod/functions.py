@@ -85,7 +85,11 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int, 
 
     As Horovod: an optimizer that has no state yet gets it first by one update with zero
     gradients (so its state has the same structure everywhere); the parameters that
-    require a gradient keep those zero gradients. Then the root's state (tensors and
+    require a gradient keep those zero gradients. Unlike Horovod, that update leaves the
+    parameters where they were: with weight decay it moves them (Adam's by about lr), and
+    in the resume recipe (the root loaded a checkpoint, the others start empty) only the
+    other ranks take it, so their parameters would differ from the root's for the rest
+    of the run. Then the root's state (tensors and
     option values, with their types) replaces every other rank's
     (:func:`ringtrain.replicate.broadcast_optimizer_state`), through the wrapped
     optimizer, so a DistributedOptimizer keeps sharing it.
@@ -107,6 +111,11 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int, 
                     p.grad = torch.zeros_like(p)
                     if isinstance(inner, torch.optim.SparseAdam) or id(p) in sparse:
                         p.grad = p.grad.to_sparse()
+        kept = [(p, p.detach().clone()) for group in inner.param_groups for p in group["params"]
+                if p.requires_grad]
         inner.step()  # the wrapped optimizer's own step: no exchange, no rank waits
+        with torch.no_grad():
+            for p, before in kept:
+                p.copy_(before)
     # ringtrain's broadcast: the layout once, the tensors fused by dtype.
     replicate.broadcast_optimizer_state(inner, root_rank)
