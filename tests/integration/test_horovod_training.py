@@ -368,3 +368,34 @@ def test_broadcasting_the_optimizer_state_leaves_the_parameters_where_they_are()
     # update to build it, and its weight decay moved only their parameters: 1e-2 apart.
     for o in run_world(_resume_recipe, 2, init=False, timeout=50):
         assert o == {"moved": 0.0, "apart": 0.0}
+
+
+def _waiting_when_the_world_ends() -> str:
+    import os
+    import threading
+    import time
+
+    import ringtrain.horovod as hvd
+    from ringtrain import runtime
+
+    os.environ.pop("RINGTRAIN_STALL_TIMEOUT", None)  # no limit: only the world's end frees it
+    hvd.init()
+    if hvd.rank() == 0:
+        time.sleep(4)  # never submits: as a rank the launcher lost
+        return "away"
+    # What the elastic watcher does when ringrun announces a world without a lost host.
+    threading.Timer(1.0, runtime.sever, args=(["192.0.2.1"],)).start()
+    try:
+        hvd.allreduce(torch.ones(2), name="grad")
+        return "no error"
+    except hvd.HorovodInternalError as exc:
+        return str(exc)
+
+
+@pytest.mark.timeout(60)
+def test_an_operation_waiting_for_a_lost_rank_fails_when_the_world_ends() -> None:
+    # Without a stall limit (Horovod's default) nothing else would end this wait: a
+    # resizable horovodrun job whose rank 0 was killed hung in world 0 (found by the
+    # system tier's test_single_rank_failure[discovery-kill]).
+    _, waiting = run_world(_waiting_when_the_world_ends, 2, init=False, timeout=50)
+    assert "this world is over" in waiting

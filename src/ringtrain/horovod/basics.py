@@ -84,9 +84,19 @@ def init(comm: Any = None, process_sets: Sequence[ProcessSet] | str | None = Non
         for ps in process_sets:
             _engine.add_process_set(ps)
     start_from_env(_engine)
+    runtime.add_sever_hook(_world_over)
     if not _atexit:
         atexit.register(_at_exit)
         _atexit = True
+
+
+def _world_over() -> None:
+    # The launcher moved this rank to another world (a resizable job lost a rank): an
+    # operation still waiting for a rank of the old one (Horovod's stall check sets no
+    # limit) fails now, as one on a closed connection does, so hvd.elastic.run resets.
+    eng = _engine
+    if eng is not None:
+        eng.fail_pending("the job changed size: this world is over")
 
 
 def start_timeline(file_path: str, mark_cycles: bool = False) -> None:

@@ -29,6 +29,7 @@ from ringtrain.signing import Signer
 __all__ = [
     "World",
     "abandon",
+    "add_sever_hook",
     "add_shutdown_hook",
     "assign",
     "mark_broken",
@@ -87,6 +88,11 @@ def sever(addresses: Collection[str]) -> int:
 def mark_broken(reason: str) -> None:
     """A peer vanished mid-exchange (see :meth:`.Membership.mark_broken`)."""
     MEMBERSHIP.mark_broken(reason)
+
+
+def add_sever_hook(fn: Callable[[], None]) -> None:
+    """Run ``fn`` after :func:`sever` (see :meth:`.Membership.add_sever_hook`)."""
+    MEMBERSHIP.add_sever_hook(fn)
 
 
 def add_shutdown_hook(fn: Callable[[], None]) -> None:

@@ -68,6 +68,7 @@ class Membership:
         self.broken: str | None = None
         self.rendezvous = Rendezvous()
         self._hooks: list[Callable[[], None]] = []
+        self._sever_hooks: list[Callable[[], None]] = []
         self._exit_guard_registered = False
         #: A resizable job: the launch variables of the world to join next (see assign()),
         #: and whether GLOO_SOCKET_IFNAME was set by join() (then each world picks its own).
@@ -211,7 +212,22 @@ class Membership:
         # not from a list taken earlier).
         own = self.rendezvous.own_port
         keep = () if own is None else (own,)
-        return sever_mod.sever(addresses, keep_local_ports=keep, spare=self.rendezvous.spared)
+        try:
+            return sever_mod.sever(addresses, keep_local_ports=keep, spare=self.rendezvous.spared)
+        finally:
+            # Waits that no connection ends (an operation waiting for a rank to submit it)
+            # are ended by the layers that own them.
+            for fn in list(self._sever_hooks):
+                try:
+                    fn()
+                except Exception as exc:  # noqa: BLE001 - leaving the world either way
+                    log.debug("sever hook %r failed: %s", fn, exc)
+
+    def add_sever_hook(self, fn: Callable[[], None]) -> None:
+        """Run ``fn`` after :meth:`sever` (a layer whose waits no connection ends, such as
+        the Horovod coordinator's, fails them there)."""
+        if fn not in self._sever_hooks:
+            self._sever_hooks.append(fn)
 
     # -- a world that broke under the process ------------------------------------------------
 

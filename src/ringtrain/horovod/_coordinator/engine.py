@@ -481,6 +481,11 @@ class Engine:
         if handle is not None:
             handle._finish(last)
 
+    def fail_pending(self, reason: str) -> None:
+        """End every operation still pending with a CollectiveError (the world is over);
+        the cycle thread is left to :meth:`abort` or :meth:`shutdown`."""
+        self._fail_all(CollectiveError(reason))
+
     def _fail_all(self, exc: BaseException) -> None:
         runtime.mark_broken(f"the coordinator stopped: {exc}")
         with self._lock:
