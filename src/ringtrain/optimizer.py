@@ -375,9 +375,20 @@ class DistributedOptimizer(torch.optim.Optimizer):
     def _backward_ended(self) -> None:
         """End of a backward pass (``sync_at="backward"``): the pass that completes the
         step waits for the exchange, so ``.grad`` is combined when ``backward()`` returns."""
+        outer = torch._C._current_autograd_node()
+        if outer is not None:
+            # A backward run inside a node of another one (reentrant activation
+            # checkpointing): ours queued its callback here when its gradients came
+            # first, but the outer backward has more to come. Queue it again from a hook
+            # that runs after that node, in the outer backward.
+            outer.register_hook(lambda *_: self._queue_end())
+            return
         self._end_queued = False
         if self._complete:
             self._finish_exchange()
+
+    def _queue_end(self) -> None:
+        torch.autograd.Variable._execution_engine.queue_callback(self._backward_ended)
 
     # -- step side ----------------------------------------------------------------------
 
