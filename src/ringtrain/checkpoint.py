@@ -46,7 +46,7 @@ from ringtrain.agreement.ranks import settle
 from ringtrain.errors import CheckpointError, first_line
 
 __all__ = [
-    "SHARDED_SUFFIX", "SUFFIX", "latest", "load", "load_sharded", "remove_stale_temps", "save",
+    "SHARDED_SUFFIX", "SUFFIX", "is_final_name", "latest", "load", "load_sharded", "remove_stale_temps", "save",
     "save_sharded", "verify", "verify_sharded",
 ]
 
@@ -106,14 +106,28 @@ def save(path: str | os.PathLike[str], state: Any) -> Path | None:
             os.fsync(f.fileno())
         os.replace(tmp, target)
     except OSError as exc:
-        tmp.unlink(missing_ok=True)  # never leave a half-written file behind
+        _discard(tmp)  # never leave a half-written file behind
         raise CheckpointError(_write_error(target, exc, len(payload))) from None
     except BaseException:
-        tmp.unlink(missing_ok=True)
+        _discard(tmp)
         raise
     _fsync_dir(target.parent)
     log.info("saved checkpoint %s (%d bytes)", target, len(payload))
     return target
+
+
+def _discard(tmp: Path) -> None:
+    """Remove a temporary file; where that fails too (a read-only file system), the
+    error being reported already says why, and the next save removes leftovers."""
+    try:
+        tmp.unlink(missing_ok=True)
+    except OSError:
+        pass
+
+
+def is_final_name(name: str) -> bool:
+    """Whether ``name`` is a checkpoint's own name (not a writer's temporary or an old copy)."""
+    return _TMP_MARK not in name and _OLD_MARK not in name
 
 
 def _temp_name(name: str) -> str:

@@ -22,7 +22,7 @@ import numpy as np
 
 from ringtrain.errors import DataError
 
-__all__ = ["decode_image", "jpeg_decoders", "JPEG_DECODER"]
+__all__ = ["decode_image", "jpeg_decoders", "JPEG_DECODER", "unreadable"]
 
 _MODES = {"RGB": "RGB", "L": "GRAY"}
 
@@ -43,10 +43,25 @@ def _pillow(data: Any, mode: str, jpeg: bool) -> np.ndarray:
         from PIL import Image
     except ImportError:
         raise DataError("decoding images needs Pillow (pip install pillow)") from None
-    img = Image.open(io.BytesIO(data))
-    if jpeg:
-        img.draft(mode, img.size)  # decode straight into the target colour space
-    return np.array(img.convert(mode))  # writable (np.asarray of an Image is read-only)
+    try:
+        img = Image.open(io.BytesIO(data))
+        if jpeg:
+            img.draft(mode, img.size)  # decode straight into the target colour space
+        return np.array(img.convert(mode))  # writable (np.asarray of an Image is read-only)
+    except (OSError, ValueError, SyntaxError) as exc:  # UnidentifiedImageError is an OSError
+        raise DataError(unreadable(data, exc)) from None
+
+
+def unreadable(data: Any, exc: BaseException) -> str:
+    """Why encoded bytes are not an image, in words (Pillow's message names a BytesIO)."""
+    if len(data) == 0:
+        return "the file is empty (0 bytes); copy it again or leave it out of the dataset"
+    text = str(exc)
+    if "cannot identify image file" in text:
+        head = bytes(data[:8])
+        return (f"not an image Pillow can read ({len(data)} bytes starting {head!r}); "
+                "give JPEG, PNG or another Pillow format, or leave the file out")
+    return f"{text}; copy the file again or leave it out of the dataset"
 
 
 def decode_image(data: bytes | bytearray | memoryview, mode: str = "RGB",

@@ -116,7 +116,11 @@ class ImageFolder:
         # os-level reads: open() and Path.read_bytes() cost 40 us per file through
         # their buffered file objects, these 5 us (measured), a third of a small
         # JPEG's decode.
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError as err:
+            raise DataError(f"cannot read {os.fsdecode(path)}: {err.strerror} (it was listed when the "
+                            "ImageFolder was made; build it again if the folder changed)") from None
         try:
             data = os.read(fd, os.fstat(fd).st_size)
         finally:
@@ -129,5 +133,8 @@ class ImageFolder:
         else:
             image = data
         if self.transform is not None:
-            image = self.transform(image)
+            try:
+                image = self.transform(image)
+            except DataError as err:  # ringtrain's own (DecodeCrop on the bytes): name the file
+                raise DataError(f"cannot decode {os.fsdecode(path)}: {err}") from err
         return image, int(self.labels[i])

@@ -80,5 +80,7 @@ def image_info(data: bytes | bytearray | memoryview) -> ImageInfo:
         with Image.open(io.BytesIO(data)) as img:
             width, height = img.size
     except Exception as err:
-        raise DataError(f"not an image Pillow can read: {err}") from None
+        from ringtrain.data.decode import unreadable
+
+        raise DataError(unreadable(data, err)) from None
     return ImageInfo(width, height)

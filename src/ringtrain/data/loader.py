@@ -18,6 +18,8 @@ the copy event has completed (see :mod:`ringtrain.data.prefetch`).
 from __future__ import annotations
 
 import logging
+import math
+import numbers
 import time
 import weakref
 from collections.abc import Callable, Iterator
@@ -207,6 +209,9 @@ class Loader:
                 raise DataError(f"{name} must be an int >= 1, got {value!r}")
         if prefetch is not None and (not isinstance(prefetch, int) or prefetch < 1):
             raise DataError(f"prefetch must be an int >= 1, got {prefetch!r}")
+        if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
+                                    or not 0 < timeout < math.inf):
+            raise DataError(f"timeout must be a number of seconds > 0, or None for no limit, got {timeout!r}")
         if (rank is None) != (world_size is None):
             raise DataError("pass rank and world_size together (or neither, to use rt.init()'s)")
         if world_size is not None and rank is not None and not 0 <= rank < world_size:
@@ -218,7 +223,10 @@ class Loader:
         self.seed = seed
         self.drop_last = bool(drop_last)
         self.collate_fn = collate_fn
-        self.device = torch.device(device) if device is not None else _runtime_device()
+        try:
+            self.device = torch.device(device) if device is not None else _runtime_device()
+        except (RuntimeError, TypeError) as err:
+            raise DataError(f"device {device!r} is not a torch device ({err}); give e.g. 'cpu' or 'cuda:0'") from None
         self.timeout = timeout
         self._rank, self._world_size = rank, world_size
         self._cuda = self.device.type == "cuda"
@@ -372,13 +380,23 @@ class Loader:
         sample of the epoch is still read once.
         """
         if not isinstance(state, dict) or state.get("version") != _STATE_VERSION:
-            raise DataError(f"not a Loader state (version {_STATE_VERSION} expected): {state!r}")
+            # (not the whole value: a checkpoint passed by mistake prints megabytes)
+            keys = f"a dict with keys {sorted(map(str, state))[:8]}" if isinstance(state, dict) else \
+                type(state).__name__
+            hint = (f"; pass the loader's part, e.g. state[{next(k for k in state if 'loader' in str(k))!r}]"
+                    if isinstance(state, dict) and any("loader" in str(k) for k in state) else
+                    "; pass what this Loader's state_dict() returned")
+            raise DataError(f"not a Loader state (version {_STATE_VERSION} expected), got {keys}{hint}")
         for key, mine in (("seed", self.seed), ("shuffle", self.shuffle),
                           ("num_samples", len(self.dataset))):
             if state.get(key) != mine:
                 raise DataError(f"loader state was saved with {key}={state.get(key)!r} but this "
                                 f"loader has {key}={mine!r}; resume with the same dataset and seed")
-        epoch, position = int(state["epoch"]), int(state["position"])
+        raw: tuple[Any, Any] = (state.get("epoch"), state.get("position"))
+        if not all(isinstance(v, numbers.Integral) and not isinstance(v, bool) for v in raw) or raw[1] < 0:
+            raise DataError(f"Loader state has epoch={raw[0]!r}, position={raw[1]!r} (whole numbers, "
+                            "position >= 0, expected); pass what state_dict() returned")
+        epoch, position = int(raw[0]), int(raw[1])
         resumed: tuple[Stage, ...] = ()
         if self._sharded:
             epoch, resumed, position = self._shard_resume(state)

@@ -137,11 +137,19 @@ class TurboJPEG:
         return self._handle  # type: ignore[return-value]
 
     def _check(self, rc: int, what: str) -> None:
-        # Warnings (a corrupt but decodable stream) leave a usable image, as in every
-        # other decoder here; only fatal errors raise.
-        if rc != 0 and self._lib.tj3GetErrorCode(self._h()) == _ERR_FATAL:
-            msg = (self._lib.tj3GetErrorStr(self._h()) or b"").decode(errors="replace")
+        # Warnings about a corrupt but complete stream (extraneous bytes before a marker,
+        # common in camera files) leave a usable image, as Pillow and simplejpeg decode
+        # them too. A stream that ends early is a warning to libjpeg-turbo as well, but
+        # the rows after the end come back flat grey: the other decoders refuse such a
+        # file ("image file is truncated"), and so does this one.
+        if rc == 0:
+            return
+        msg = (self._lib.tj3GetErrorStr(self._h()) or b"").decode(errors="replace")
+        if self._lib.tj3GetErrorCode(self._h()) == _ERR_FATAL:
             raise DataError(f"libturbojpeg: {what}: {msg}")
+        if "premature end" in msg.lower():
+            raise DataError(f"libturbojpeg: {what}: {msg}: the file is truncated; copy it again or "
+                            "leave it out of the dataset")
 
     def header(self, data: bytes) -> JpegHeader:
         """Size, chroma subsampling, colour space and progressive flag of a JPEG."""

@@ -31,7 +31,7 @@ import torch
 from ringtrain import checkpoint, collectives, replicate, runtime
 from ringtrain.elastic.resize import follow_world, resizable
 from ringtrain.elastic.state import ElasticState, Stateful, copy_states, load_states
-from ringtrain.errors import ConfigError
+from ringtrain.errors import CheckpointError, ConfigError
 
 __all__ = ["Resumable", "attempt"]
 
@@ -124,12 +124,14 @@ class Resumable(ElasticState):
         from the same weights, and 0 is returned.
         """
         size, rank = self._size_rank()
-        path = checkpoint.latest(self.directory, pattern="step-*" + checkpoint.SUFFIX)
+        found = self._find() if rank == 0 or size == 1 else {}
         if size > 1:
             # Rank 0 decides: the directory may not be shared, or may change under us.
-            path = collectives.broadcast_object(str(path) if path else None, root_rank=0,
-                                                name="elastic.resume")
-            path = Path(path) if path else None
+            found = collectives.broadcast_object(found, root_rank=0, name="elastic.resume")
+        if found.get("error"):
+            raise CheckpointError(found["error"])
+        chosen = found.get("path")
+        path = Path(chosen) if chosen else None
         if path is None:
             if size > 1:
                 for name, tensor in self.model.state_dict().items():
@@ -137,6 +139,7 @@ class Resumable(ElasticState):
             self.start_step = self.step = 0
             return 0
         state = checkpoint.load(path)  # safe: only what Resumable itself saves
+        self._check_fits(path, state)
         self.model.load_state_dict(state["model"])
         if self.optimizer is not None and state.get("optimizer") is not None:
             self.optimizer.load_state_dict(state["optimizer"])
@@ -159,6 +162,49 @@ class Resumable(ElasticState):
         self.resumed_from = path
         log.info("resumed from %s at step %d", path, self.start_step)
         return self.start_step
+
+    def _find(self) -> dict[str, str | None]:
+        """Rank 0's choice: the newest intact checkpoint, or why there is none to use.
+        Only an empty (or missing) directory starts from scratch: when every checkpoint
+        in it is damaged, starting over would train from step 0 and the next saves would
+        prune the damaged files, so the job stops and says so instead."""
+        if self.directory.exists() and not self.directory.is_dir():
+            return {"error": f"checkpoint directory {self.directory} is a file; give Resumable a folder"}
+        path = checkpoint.latest(self.directory, pattern="step-*" + checkpoint.SUFFIX)
+        if path is not None:
+            return {"path": str(path)}
+        damaged = sorted(p.name for p in self.directory.glob("step-*" + checkpoint.SUFFIX)
+                         if p.is_file() and checkpoint.is_final_name(p.name)) if self.directory.is_dir() else []
+        if damaged:
+            shown = ", ".join(damaged[:3]) + (f" and {len(damaged) - 3} more" if len(damaged) > 3 else "")
+            return {"error": f"every checkpoint in {self.directory} is damaged ({shown}); restore one "
+                             "from a copy, or move them away to start from step 0"}
+        return {}
+
+    def _check_fits(self, path: Path, state: Any) -> None:
+        """A checkpoint Resumable did not write, or of another model or optimizer: one line
+        naming it, before anything is loaded (torch's own errors come after some tensors
+        were already copied in)."""
+        if not isinstance(state, dict) or "model" not in state or "step" not in state:
+            raise CheckpointError(f"{path} was not written by Resumable (no 'model' and 'step'); "
+                                  "point Resumable at its own directory")
+        mine = self.model.state_dict()
+        theirs = state["model"]
+        missing = [k for k in mine if k not in theirs]
+        extra = [k for k in theirs if k not in mine]
+        shapes = [k for k in mine if k in theirs and tuple(theirs[k].shape) != tuple(mine[k].shape)]
+        if missing or extra or shapes:
+            what = (f"missing {missing[:3]}" if missing else f"unexpected {extra[:3]}" if extra else
+                    f"{shapes[0]} is {tuple(theirs[shapes[0]].shape)} there, {tuple(mine[shapes[0]].shape)} here")
+            raise CheckpointError(f"{path} holds another model ({what}); resume with the model that "
+                                  "wrote it, or point Resumable at another directory")
+        saved = state.get("optimizer")
+        if self.optimizer is not None and isinstance(saved, dict) and saved.get("param_groups"):
+            want = set(self.optimizer.state_dict()["param_groups"][0]) - {"params"}
+            have = set(saved["param_groups"][0]) - {"params"}
+            if want - have:
+                raise CheckpointError(f"{path} holds another optimizer's state (no {sorted(want - have)[:3]}); "
+                                      "resume with the optimizer class that wrote it")
 
     def step_done(self, step: int) -> bool:
         """Call after each step with the number of steps completed; saves on multiples of

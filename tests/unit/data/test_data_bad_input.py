@@ -1,0 +1,152 @@
+"""Bad input to the data pipeline and to Resumable: one line from ringtrain's own error
+types that names the problem and a fix, never a wrong result (found by an audit)."""
+
+from __future__ import annotations
+
+import errno
+import io
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+import ringtrain as rt
+from ringtrain.errors import CheckpointError, DataError
+
+
+def _jpeg() -> bytes:
+    y, x = np.mgrid[0:240, 0:320]
+    arr = np.stack([x * 255 // 320, y * 255 // 240, (x + y) % 256], -1).astype(np.uint8)
+    buf = io.BytesIO()
+    Image.fromarray(arr).save(buf, "JPEG", quality=90)
+    return buf.getvalue()
+
+
+def test_a_truncated_jpeg_is_refused_not_filled_with_grey() -> None:
+    # Before, the region decoder took libjpeg-turbo's "premature end" warning as success
+    # and returned the missing rows as flat 128 (a crop of the lower half: all grey).
+    cut = _jpeg()[:len(_jpeg()) // 2]
+    crop = rt.data.DecodeCrop(64, flip=0.0)
+    for box in ((0, 0, 320, 240), (0, 160, 320, 80)):
+        with pytest.raises(DataError, match="truncated"):
+            crop.apply(cut, box=box)
+    with pytest.raises(DataError, match="truncated"):
+        rt.data.decode_image(cut)
+
+
+@pytest.mark.parametrize(("data", "words"), [
+    (b"", "the file is empty (0 bytes)"),
+    (b"hello world", "not an image Pillow can read (11 bytes starting b'hello wo')"),
+])
+def test_bytes_that_are_no_image_say_what_they_are(data: bytes, words: str) -> None:
+    with pytest.raises(DataError, match=words.replace("(", r"\(").replace(")", r"\)")):
+        rt.data.decode_image(data)
+    with pytest.raises(DataError, match="leave the file out|leave it out"):
+        rt.data.DecodeCrop(32).apply(data, box=(0, 0, 1, 1))
+
+
+def test_the_photo_pipeline_names_the_bad_file_and_a_file_gone_since_listing(tmp_path: Path) -> None:
+    (tmp_path / "cat").mkdir()
+    (tmp_path / "cat" / "a.jpg").write_bytes(_jpeg())
+    (tmp_path / "cat" / "b.jpg").write_bytes(b"not a photo")
+    ds = rt.data.ImageFolder(tmp_path, decode=False, transform=rt.data.DecodeCrop(32))
+    assert ds[0][0].shape == (3, 32, 32)
+    with pytest.raises(DataError, match=r"cannot decode .*b\.jpg: not an image"):
+        ds[1]
+    (tmp_path / "cat" / "a.jpg").unlink()
+    with pytest.raises(DataError, match=r"cannot read .*a\.jpg: No such file .* build it again"):
+        ds[0]
+
+
+def _loader(**kw: object) -> rt.data.Loader:
+    return rt.data.Loader(list(range(20)), batch_size=4, shuffle=True, seed=0, num_workers=0, device="cpu",
+                          **kw)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("kw", "words"), [
+    ({"timeout": 0}, "timeout must be a number of seconds > 0, or None"),
+    ({"timeout": -1}, "timeout must be a number of seconds > 0, or None"),
+    ({"timeout": float("nan")}, "timeout must be a number of seconds > 0, or None"),
+])
+def test_loader_arguments_that_cannot_work_are_refused(kw: dict[str, object], words: str) -> None:
+    # A timeout of -1 was taken: every batch then failed blaming the dataset.
+    with pytest.raises(DataError, match=words):
+        _loader(**kw)
+    with pytest.raises(DataError, match="is not a torch device"):
+        rt.data.Loader(list(range(4)), batch_size=2, num_workers=0, device="bogus")
+
+
+def test_a_loader_state_that_is_not_one_says_what_to_pass() -> None:
+    good = _loader()
+    it = iter(good)
+    next(it)
+    state = good.state_dict()
+    whole = {"model": torch.nn.Linear(300, 300).state_dict(), "loader": state}
+    with pytest.raises(DataError) as exc:
+        _loader().load_state_dict(whole)
+    text = str(exc.value)
+    # Before, the message printed the whole checkpoint (5 KB for one 300x300 layer).
+    assert len(text) < 300 and "keys ['loader', 'model']" in text and "state['loader']" in text
+    for bad in ({**state, "position": 2.7}, {**state, "position": -8}, {**state, "epoch": "abc"},
+                {k: v for k, v in state.items() if k != "epoch"}):
+        with pytest.raises(DataError, match="pass what state_dict"):
+            _loader().load_state_dict(bad)
+
+
+def _resumable(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None) -> object:
+    return rt.elastic.Resumable(path, model=model, optimizer=optimizer, every=1)
+
+
+def test_resumable_stops_on_checkpoints_it_cannot_use(tmp_path: Path) -> None:
+    model = torch.nn.Linear(4, 3)
+    saver = rt.elastic.Resumable(tmp_path / "run", model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+                                 every=1)
+    saver.resume()
+    saver.save(5)
+    other = torch.nn.Linear(5, 3)
+    with pytest.raises(CheckpointError, match=r"holds another model \(weight is \(3, 4\) there, \(3, 5\) here\)"):
+        rt.elastic.Resumable(tmp_path / "run", model=other).resume()
+    before = other.weight.detach().clone()
+    assert torch.equal(other.weight, before)  # refused before anything was copied in
+    adam_model = torch.nn.Linear(4, 3)
+    with pytest.raises(CheckpointError, match="another optimizer's state"):
+        rt.elastic.Resumable(tmp_path / "run", model=adam_model,
+                             optimizer=torch.optim.Adam(adam_model.parameters())).resume()
+    # every checkpoint damaged: before, a silent fresh start (and the next saves pruned them)
+    ckpt = next((tmp_path / "run").glob("step-*.ckpt"))
+    ckpt.write_bytes(ckpt.read_bytes()[:len(ckpt.read_bytes()) // 2])
+    with pytest.raises(CheckpointError, match=r"every checkpoint in .* is damaged \(step-000000005\.ckpt\)"):
+        rt.elastic.Resumable(tmp_path / "run", model=torch.nn.Linear(4, 3)).resume()
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(CheckpointError, match="is a file; give Resumable a folder"):
+        rt.elastic.Resumable(tmp_path / "afile", model=torch.nn.Linear(4, 3)).resume()
+    foreign = tmp_path / "foreign"
+    rt.checkpoint.save(foreign / "step-7.ckpt", {"weights": torch.ones(2)})
+    with pytest.raises(CheckpointError, match="was not written by Resumable"):
+        rt.elastic.Resumable(foreign, model=torch.nn.Linear(4, 3)).resume()
+    assert rt.elastic.Resumable(tmp_path / "empty", model=torch.nn.Linear(4, 3)).resume() == 0
+
+
+def test_a_read_only_file_system_is_a_checkpoint_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Before, removing the temporary file raised the same OSError again and hid the
+    # CheckpointError that names the path.
+    import builtins
+
+    real_open = builtins.open
+
+    def read_only(file: object, mode: str = "r", *args: object, **kw: object) -> object:
+        if "w" in mode and str(file).startswith(str(tmp_path)):
+            raise OSError(errno.EROFS, "Read-only file system", str(file))
+        return real_open(file, mode, *args, **kw)  # type: ignore[call-overload]
+
+    def no_unlink(self: Path, missing_ok: bool = False) -> None:
+        raise OSError(errno.EROFS, "Read-only file system", str(self))
+
+    monkeypatch.setattr(builtins, "open", read_only)
+    monkeypatch.setattr(Path, "unlink", no_unlink)
+    with pytest.raises(CheckpointError, match=r"cannot write checkpoint .*x\.ckpt.*Read-only"):
+        rt.checkpoint.save(tmp_path / "x.ckpt", {"x": torch.ones(2)})
+    assert os.path.isdir(tmp_path)
