@@ -191,6 +191,9 @@ def _read_verified(path: Path) -> bytes:
         data = path.read_bytes()
     except FileNotFoundError:
         raise CheckpointError(f"checkpoint {path} does not exist; check the path") from None
+    except IsADirectoryError:
+        raise CheckpointError(f"checkpoint {path} is a directory; a sharded checkpoint (save_sharded) "
+                              "loads with rt.checkpoint.load_sharded") from None
     except OSError as exc:
         raise CheckpointError(f"cannot read checkpoint {path}: {exc.strerror}") from None
     if len(data) < _HEADER.size:
@@ -200,7 +203,9 @@ def _read_verified(path: Path) -> bytes:
         )
     magic, length, digest = _HEADER.unpack_from(data)
     if magic != _MAGIC:
-        raise CheckpointError(f"{path} is not a ringtrain checkpoint (bad magic); check the path")
+        hint = ("; it looks like a plain torch.save file: load it with torch.load"
+                if data[:2] == b"PK" or data[:1] == b"\x80" else "; check the path")
+        raise CheckpointError(f"{path} is not a ringtrain checkpoint (bad magic){hint}")
     payload = data[_HEADER.size :]
     if len(payload) < length:
         raise CheckpointError(

@@ -145,9 +145,15 @@ class RecordWriter:
         """Drop the shard being written and leave no manifest."""
         if self._file is not None:
             name = self._file.name
-            self._file.close()
+            try:
+                self._file.close()  # on a full disk the close flushes and fails again
+            except OSError:
+                pass
             self._file = None
-            Path(name).unlink(missing_ok=True)
+            try:
+                Path(name).unlink(missing_ok=True)
+            except OSError:  # a read-only file system: nothing was written either
+                pass
         self._closed = True
 
     def __enter__(self) -> RecordWriter:

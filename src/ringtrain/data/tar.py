@@ -76,7 +76,11 @@ def _members(mm: Any, path: str | Path) -> list[tuple[str, int, int]]:
     try:
         return _walk(mm, path)
     except (ValueError, IndexError) as err:  # a number field that is not a number
-        raise DataError(f"cannot read tar shard {path}: a damaged header ({err})") from None
+        reason = str(err)
+        if reason.startswith(f"cannot read tar shard {path}: "):  # already ours: say it once
+            reason = reason[len(f"cannot read tar shard {path}: "):]
+        raise DataError(f"cannot read tar shard {path}: a damaged header ({reason}); "
+                        "write the shard again or leave it out") from None
 
 
 def _walk(mm: Any, path: str | Path) -> list[tuple[str, int, int]]:

@@ -150,3 +150,31 @@ def test_a_read_only_file_system_is_a_checkpoint_error(tmp_path: Path, monkeypat
     with pytest.raises(CheckpointError, match=r"cannot write checkpoint .*x\.ckpt.*Read-only"):
         rt.checkpoint.save(tmp_path / "x.ckpt", {"x": torch.ones(2)})
     assert os.path.isdir(tmp_path)
+
+
+def test_checkpoint_load_of_a_torch_file_or_a_folder_says_what_to_use(tmp_path: Path) -> None:
+    torch.save({"a": 1}, tmp_path / "plain.pt")
+    with pytest.raises(CheckpointError, match="plain torch.save file: load it with torch.load"):
+        rt.checkpoint.load(tmp_path / "plain.pt")
+    with pytest.raises(CheckpointError, match="is a directory; .* rt.checkpoint.load_sharded"):
+        rt.checkpoint.load(tmp_path)
+
+
+def test_a_record_writer_on_a_full_disk_leaves_no_shard(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from ringtrain.data.records import RecordWriter
+
+    with pytest.raises(OSError), RecordWriter(tmp_path / "store") as w:
+        w.write(b"x" * 10)
+        real = w._file
+        assert real is not None
+
+        class Full:
+            name = real.name
+
+            def close(self) -> None:  # the flush at close meets the full disk again
+                real.close()
+                raise OSError(errno.ENOSPC, "No space left on device")
+
+        w._file = Full()  # type: ignore[assignment]
+        raise OSError(errno.ENOSPC, "No space left on device")
+    assert not [p for p in (tmp_path / "store").iterdir() if p.suffix in (".tmp", ".rec")]
