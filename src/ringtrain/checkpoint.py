@@ -368,6 +368,7 @@ def save_sharded(path: str | os.PathLike[str], state: dict[str, Any]) -> Path:
     at all; an existing one is replaced only once the new one is complete.
     """
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
 
     target = Path(path)
     rank, size = _rank_and_size()
@@ -377,10 +378,20 @@ def save_sharded(path: str | os.PathLike[str], state: dict[str, Any]) -> Path:
 
         token = broadcast_object(token, root_rank=0, name=f"checkpoint {target}")
     tmp = target.with_name(f"{target.name}{_TMP_MARK}{token}")
-    tmp.mkdir(parents=True, exist_ok=True)
-    with _single_process_is_meant(size):
-        dcp.save(state, storage_writer=dcp.FileSystemWriter(str(tmp), sync_files=True),
-                 no_dist=size == 1)
+    try:
+        tmp.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise CheckpointError(_write_error(target, exc, 0)) from None
+    try:
+        with _single_process_is_meant(size):
+            dcp.save(state, storage_writer=dcp.FileSystemWriter(str(tmp), sync_files=True),
+                     no_dist=size == 1)
+    except (Exception, CheckpointException) as exc:  # DCP's is a BaseException
+        # (every rank gets it: DCP gathers the failures) No half-written directory stays
+        # behind to fill the disk: a later save cannot tell a token's leftover is dead.
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise CheckpointError(f"cannot write sharded checkpoint {target}: {_dcp_reason(exc)}; "
+                              "free space or save elsewhere") from None
     # When dcp.save returns on any rank, every rank's files and the metadata are
     # written (DCP finishes with a gather to the coordinator and a broadcast back).
     mine = {f.name: [f.stat().st_size, _sha256(f)] for f in sorted(tmp.glob(f"__{rank}_*"))}
@@ -398,6 +409,18 @@ def save_sharded(path: str | os.PathLike[str], state: dict[str, Any]) -> Path:
     _agree(status, f"checkpoint {target}")
     log.info("saved sharded checkpoint %s (%d ranks)", target, size)
     return target
+
+
+def _dcp_reason(exc: BaseException) -> str:
+    """The first rank's own error inside DCP's CheckpointException (whose text is every
+    rank's traceback), in one line."""
+    failures = getattr(exc, "failures", None)
+    where = ""
+    if isinstance(failures, dict) and failures:
+        rank = min(failures)
+        exc, where = failures[rank][0], f"rank {rank}: "
+    lines = str(getattr(exc, "strerror", None) or exc).strip().splitlines()
+    return where + (lines[0] if lines else type(exc).__name__)
 
 
 def _publish(tmp: Path, target: Path, parts: list[dict[str, Any]], size: int) -> None:

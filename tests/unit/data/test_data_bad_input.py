@@ -178,3 +178,19 @@ def test_a_record_writer_on_a_full_disk_leaves_no_shard(tmp_path: Path, monkeypa
         w._file = Full()  # type: ignore[assignment]
         raise OSError(errno.ENOSPC, "No space left on device")
     assert not [p for p in (tmp_path / "store").iterdir() if p.suffix in (".tmp", ".rec")]
+
+
+def test_a_sharded_save_that_fails_leaves_no_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Before: torch's multi-line CheckpointException, and the half-written .dcp.tmp-<token>
+    # directory stayed (a later save cannot tell that a token's writer is gone).
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    def full(*_a: object, **_k: object) -> None:
+        raise CheckpointException("save", {0: (OSError(errno.ENOSPC, "No space left on device"), None)})
+
+    monkeypatch.setattr(dcp, "save", full)
+    with pytest.raises(CheckpointError, match=r"cannot write sharded checkpoint .*s\.dcp: rank 0: No space left"
+                                              r" on device; free space or save elsewhere"):
+        rt.checkpoint.save_sharded(tmp_path / "s.dcp", {"w": torch.ones(3)})
+    assert list(tmp_path.iterdir()) == []
