@@ -545,16 +545,18 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 "optimizer.synchronize() in your code.", stacklevel=2)
         self._skip_next_sync = False
         evaluate = None
+        first: list[Any] = []  # the closure's first local loss, what step() returns under DDP
         if closure is not None and not any(self._passes) and not self._synchronized:
             # The closure computes this step's gradients (LBFGS, or SGD given one).
-            evaluate = self._evaluator(closure)
+            evaluate = self._evaluator(closure, first)
         else:
             self._finish_exchange()
         t0 = time.perf_counter()
         result: Any
         try:
             if evaluate is not None:
-                result = self._inner.step(evaluate)
+                self._inner.step(evaluate)
+                result = first[0] if first else None
             else:
                 result = self._inner.step(closure) if closure is not None else self._inner.step()
         finally:
@@ -567,14 +569,16 @@ class DistributedOptimizer(torch.optim.Optimizer):
         events.check_stop()  # the doctor has its steps: leave here, nothing in flight
         return result
 
-    def _evaluator(self, closure: Callable[[], Any]) -> Callable[[], Any]:
+    def _evaluator(self, closure: Callable[[], Any], first: list[Any]) -> Callable[[], Any]:
         """``closure`` as the optimizer must call it here: each call's backward is one
         exchange, finished before the optimizer reads ``.grad``, and the loss it returns
         is averaged over the ranks. An optimizer that decides on the loss (LBFGS's line
         search and stopping test) then takes the same decisions, and the same number of
         calls, on every rank, as one process on the global batch would; with the local
         loss, ranks would stop at different calls and their exchanges would pair up
-        gradients of different calls."""
+        gradients of different calls. ``first`` gets the first call's own loss: torch's
+        optimizers return it from ``step()``, and so does this one, as under DDP and
+        Horovod (the average is only what the wrapped optimizer decides on)."""
         calls = 0
 
         def evaluate() -> Any:
@@ -583,6 +587,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 self._reset()  # the last call's exchange is done: this backward is a new one
             calls += 1
             loss = closure()
+            if not first:
+                first.append(loss)
             self._finish_exchange()
             return self._mean_loss(loss)
 

@@ -251,7 +251,7 @@ def _late() -> str:
     logging.getLogger("ringtrain.coordinator").addHandler(Catch())
     hvd.init()
     if hvd.rank() == 1:
-        time.sleep(3.5)  # a long evaluation on one rank: past the warning, no limit set
+        time.sleep(2.5)  # a long evaluation on one rank: past two warnings, no limit set
     total = hvd.allreduce(torch.full((2,), float(hvd.rank() + 1)), name="grad", op=hvd.Sum)
     hvd.shutdown()
     return f"{total.tolist()}|{len(seen)}|{seen[0] if seen else ''}"
@@ -381,7 +381,7 @@ def _waiting_when_the_world_ends() -> str:
     os.environ.pop("RINGTRAIN_STALL_TIMEOUT", None)  # no limit: only the world's end frees it
     hvd.init()
     if hvd.rank() == 0:
-        time.sleep(4)  # never submits: as a rank the launcher lost
+        time.sleep(2.5)  # never submits (as a rank the launcher lost); alive past the sever at 1 s
         return "away"
     # What the elastic watcher does when ringrun announces a world without a lost host.
     threading.Timer(1.0, runtime.sever, args=(["192.0.2.1"],)).start()

@@ -222,6 +222,9 @@ def _required_np(np: int | None) -> int:
     return int(np)
 
 
+_SLOTS_PER_HOST_ONLY = ("--slots-per-host applies to the hosts a --host-discovery-script prints; "
+                        "give -H hosts their slots as host:N")
+
 #: ``--max-np`` of a resizable job with a discovery script and no --max-np: no limit.
 UNLIMITED_NP = 1_000_000
 
@@ -236,8 +239,7 @@ def _elastic(args: argparse.Namespace, where: _Where, warnings: list[str]) -> El
             if given:
                 raise ConfigError(f"{flag} applies to a resizable job; add --min-np and --max-np")
         if args.slots_per_host is not None:
-            raise ConfigError("--slots-per-host applies to the hosts a --host-discovery-script prints; "
-                              "give -H hosts their slots as host:N")
+            raise ConfigError(_SLOTS_PER_HOST_ONLY)
         return None
     if where.transport == "srun":
         raise ConfigError("a resizable job (--min-np/--max-np) cannot run inside a Slurm "
@@ -255,8 +257,7 @@ def _elastic(args: argparse.Namespace, where: _Where, warnings: list[str]) -> El
     if args.oversubscribe:
         warnings.append("--oversubscribe has no effect on a resizable job (one rank per slot)")
     if args.slots_per_host is not None and not script and not args.like_horovod:
-        raise ConfigError("--slots-per-host applies to the hosts a --host-discovery-script prints; "
-                          "give -H hosts their slots as host:N")
+        raise ConfigError(_SLOTS_PER_HOST_ONLY)
     min_np = args.min_np if args.min_np is not None else args.np
     if min_np is None:
         raise ConfigError("--min-np M is needed for a resizable job (the fewest ranks it may go on with)")
