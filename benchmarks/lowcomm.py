@@ -3,6 +3,8 @@
     python benchmarks/lowcomm.py [--quick] [--json out/lowcomm.json]     # shaped hosts (root)
     python benchmarks/lowcomm.py --loopback [--quick]                     # 4 local processes
     python benchmarks/lowcomm.py --loopback --ranks 2 --batch 8           # one rank per core
+    python benchmarks/lowcomm.py --loopback --ranks 2 --batch 64 --steps 300 --eval-every 10 \
+        --methods sync:1,localsgd:10,diloco:10 --target sync-third        # a larger batch
 
 The article's MNIST CNN (examples/mnist_cnn.py, 1.2 M parameters, 4.8 MB of fp32
 gradients) trains on the scikit-learn digits (upsampled to 28x28) on N = 4 ranks, one per
@@ -24,7 +26,10 @@ diloco      rt.DiLoCo(model, Adam, SGD(lr 0.7, momentum 0.9, Nesterov), sync_eve
 at H in {10, 50}. Every 50 steps (a sync point of every method) the clocks stop, the
 ranks meet, rank 0 measures the loss of the model on a fixed set of 512 training samples
 (the training objective; the held-out split's loss is recorded too), and the clocks go
-on. Per run: ``wall_s_to_target`` (rank 0's training time, evaluations excluded, at the
+on (``--eval-every`` changes the 50; every method's H must divide it). ``--target
+sync-third`` applies the rule that fixed the default target (below) to the measured
+synchronous run instead of the simulation: the target is the loss it reached at the first
+evaluation at or after a third of its steps. Per run: ``wall_s_to_target`` (rank 0's training time, evaluations excluded, at the
 first evaluation with a loss <= the target), ``bytes_per_rank`` (what each rank's
 network card sent during training, /sys/class/net/eth0 in its namespace, the mean of the
 ranks; on loopback the bytes handed to the ring: 2(N-1)/N per exchanged byte),
@@ -100,7 +105,8 @@ def rank_main(job_file: str) -> int:
     torch.set_num_threads(1)
     rt.init()
     try:
-        records = [_train(method, h, int(job["steps"]), job["iface"], int(job["batch"]), float(job["lr"]))
+        records = [_train(method, h, int(job["steps"]), job["iface"], int(job["batch"]), float(job["lr"]),
+                          int(job.get("eval_every", EVAL_EVERY)))
                    for method, h in job["methods"]]
         if rt.rank() == 0:
             Path(job["out"]).write_text(json.dumps(records))
@@ -109,7 +115,8 @@ def rank_main(job_file: str) -> int:
     return 0
 
 
-def _train(method: str, h: int, steps: int, iface: str, batch: int, lr: float) -> dict[str, Any]:
+def _train(method: str, h: int, steps: int, iface: str, batch: int, lr: float,
+           eval_every: int = EVAL_EVERY) -> dict[str, Any]:
     """Train one method from the common start; rank 0's record (None elsewhere)."""
     import torch
     import torch.nn.functional as F
@@ -167,7 +174,7 @@ def _train(method: str, h: int, steps: int, iface: str, batch: int, lr: float) -
             syncs_before = 0 if method == "sync" else opt.syncs
             step_times.append((now - t_last, synced))
             clock += now - t_last
-            if step % EVAL_EVERY == 0 or step == steps:
+            if step % eval_every == 0 or step == steps:
                 rt.barrier()  # clocks stop: every rank is here, none computes meanwhile
                 loss, held_out = evaluate() if rt.rank() == 0 else (math.nan, math.nan)
                 rt.barrier()
@@ -208,6 +215,15 @@ def _to_target(curve: list[list[float]], target: float) -> float | None:
     return None
 
 
+def sync_third_target(records: list[dict[str, Any]], steps: int) -> float:
+    """The rule behind TARGET, applied to a measured synchronous run: its loss at the first
+    evaluation at or after a third of its steps."""
+    sync = next((r for r in records if r["method"] == "sync"), None)
+    if sync is None:
+        raise ValueError("--target sync-third needs the sync method in --methods")
+    return float(next(loss for step, _clock, loss, _held in sync["curve"] if step >= steps / 3))
+
+
 def _loopback_launch(argv: list[str], n: int, timeout_s: float) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RINGTRAIN_", "RANK", "WORLD_SIZE"))}
     env.update(OMP_NUM_THREADS="1", RINGTRAIN_PROGRESS="0")
@@ -220,13 +236,17 @@ def _loopback_launch(argv: list[str], n: int, timeout_s: float) -> None:
 
 def run(rounds: int, steps: int, loopback: bool, methods: list[tuple[str, int]], timeout_s: float = 1800,
         prefix: str = "rtsh", subnet: str = "10.213.70", n: int = N,
-        batch: int = BATCH, lr: float = LR) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """Every method once per round, rounds taking turns; (records, meta)."""
+        batch: int = BATCH, lr: float = LR, eval_every: int = EVAL_EVERY,
+        target: float | None = TARGET) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Every method once per round, rounds taking turns; (records, meta). ``target=None``:
+    the sync-third rule on each round's synchronous run (training is deterministic, so
+    every round's is the same)."""
     import shaped_hosts
 
     hosts = None
     meta: dict[str, Any] = {"n": n, "batch_per_rank": batch, "steps": steps, "rounds": rounds,
-                            "target": TARGET, "lr": lr, "host": platform.node(), "cores": os.cpu_count(),
+                            "target": target, "eval_every": eval_every,
+                            "target_rule": "fixed" if target is not None else "sync-third", "lr": lr, "host": platform.node(), "cores": os.cpu_count(),
                             "transport": "loopback" if loopback else "shaped-veth"}
     if not loopback:
         hosts = shaped_hosts.build(n, MBIT, DELAY_MS, prefix=prefix, subnet=subnet)
@@ -243,7 +263,7 @@ def run(rounds: int, steps: int, loopback: bool, methods: list[tuple[str, int]],
             for r in range(rounds):
                 order = methods[r % len(methods):] + methods[:r % len(methods)]
                 job = {"methods": order, "steps": steps, "out": f"{tmp}/rec-{r}.json", "batch": batch, "lr": lr,
-                       "iface": "lo" if loopback else "eth0"}
+                       "eval_every": eval_every, "iface": "lo" if loopback else "eth0"}
                 job_file = f"{tmp}/job-{r}.json"
                 Path(job_file).write_text(json.dumps(job))
                 argv = [sys.executable, str(Path(__file__).resolve()), "--rank-job", job_file]
@@ -252,9 +272,14 @@ def run(rounds: int, steps: int, loopback: bool, methods: list[tuple[str, int]],
                     _loopback_launch(argv, n, timeout_s)
                 else:
                     shaped_hosts.launch(hosts, argv, timeout_s=timeout_s, env={"RINGTRAIN_PROGRESS": "0"})
-                for rec in json.loads(Path(job["out"]).read_text()):
+                round_records = json.loads(Path(job["out"]).read_text())
+                goal = target if target is not None else sync_third_target(round_records, steps)
+                if target is None:
+                    meta["target"] = goal
+                for rec in round_records:
                     rec["round"] = r
-                    rec["wall_s_to_target"] = _to_target(rec["curve"], TARGET)
+                    rec["target"] = goal
+                    rec["wall_s_to_target"] = _to_target(rec["curve"], goal)
                     rec["bytes_per_rank"] = (rec["payload_bytes_per_rank"] if loopback
                                              else rec["nic_bytes_per_rank"])
                     records.append(rec)
@@ -268,13 +293,12 @@ def run(rounds: int, steps: int, loopback: bool, methods: list[tuple[str, int]],
     return records, meta
 
 
-def predict(meta: dict[str, Any], compute_s: float, sync_every: list[int]) -> dict[tuple[str, int], float]:
-    """The planner's step time per (method, H) for these runs (see the module doc)."""
+def _scenario(meta: dict[str, Any], compute_s: float) -> Any:
+    """The planner's scenario for these runs: the CNN, the link, the step without exchange."""
     import torch
     from mnist_cnn import MnistCNN
 
     from ringtrain.plan import FRAMEWORKS, Scenario, Topology, from_module, intra_link, link
-    from ringtrain.plan.lowcomm import mode_costs
     from ringtrain.plan.network import with_rtt
 
     if meta["transport"] == "loopback":
@@ -282,10 +306,23 @@ def predict(meta: dict[str, Any], compute_s: float, sync_every: list[int]) -> di
     else:
         inter = with_rtt(link(f"{meta['link_mbit']:g}mbit"), meta["rtt_ms_median"])
     layers = from_module(MnistCNN(), torch.randn(1, 1, 28, 28))
-    sc = Scenario(tuple(layers), compute_s, Topology(1, intra_link("pcie3"), inter), "ring",
-                  FRAMEWORKS["ddp"], batch=meta["batch_per_rank"])
-    costs = mode_costs(sc, meta["n"], sync_every)
+    return Scenario(tuple(layers), compute_s, Topology(1, intra_link("pcie3"), inter), "ring",
+                    FRAMEWORKS["ddp"], batch=meta["batch_per_rank"])
+
+
+def predict(meta: dict[str, Any], compute_s: float, sync_every: list[int]) -> dict[tuple[str, int], float]:
+    """The planner's step time per (method, H) for these runs (see the module doc)."""
+    from ringtrain.plan.lowcomm import mode_costs
+
+    costs = mode_costs(_scenario(meta, compute_s), meta["n"], sync_every)
     return {(c.mode, c.sync_every): c.step_s for c in costs}
+
+
+def advise(meta: dict[str, Any], compute_s: float) -> Any:
+    """What ``ringtrain plan --lowcomm`` advises for these runs (its Advice)."""
+    from ringtrain.plan.lowcomm import recommend
+
+    return recommend(_scenario(meta, compute_s), meta["n"])
 
 
 def summarize(records: list[dict[str, Any]], meta: dict[str, Any]) -> tuple[list[dict[str, Any]], str]:
@@ -317,6 +354,12 @@ def summarize(records: list[dict[str, Any]], meta: dict[str, Any]) -> tuple[list
             "predicted_step_s": predicted.get(k),
         })
     base = next((s for s in summary if s["method"] == "sync"), None)
+    advice = advise(meta, compute_s) if compute_s else None
+    reached = [s for s in summary if s["wall_s_to_target"]]
+    fastest = min(reached, key=lambda s: s["wall_s_to_target"]) if reached else None
+    for s in summary:
+        s["planner_says_periodic_pays"] = advice.pays if advice else None
+        s["fastest_to_target"] = s is fastest
     lines = [f"{'method':<9} {'H':>3} | {'to target s':>11} {'speedup':>8} | {'MB/rank':>9} {'fewer':>7} | "
              f"{'final loss':>10} {'vs sync':>8} | {'step ms':>8} {'planner':>8} {'error':>7}"]
     for s in summary:
@@ -334,11 +377,16 @@ def summarize(records: list[dict[str, Any]], meta: dict[str, Any]) -> tuple[list
             + f"{s['final_loss']:>10.4f} " + (f"{loss_vs:>+8.1%}" if loss_vs is not None else f"{'-':>8}") + " | "
             + f"{s['step_s'] * 1e3:>8.1f} "
             + (f"{s['predicted_step_s'] * 1e3:>8.1f} {err:>+7.1%}" if err is not None else f"{'-':>8} {'-':>7}"))
-    lines.append(f"(medians of {meta['rounds']} round(s); target loss {meta['target']}; {meta['steps']} steps "
+    lines.append(f"(medians of {meta['rounds']} round(s); target loss {meta['target']:.4g}; {meta['steps']} steps "
                  f"x {meta['n']} ranks x {meta['batch_per_rank']} samples; inner lr {meta.get('lr', LR):g}; "
                  "planner: compute "
                  + (f"{compute_s * 1e3:.1f} ms per step (mean local step of {source[0]} H={source[1]})"
                     if compute_s and source else "unknown (no periodic run)") + ")")
+    if advice is not None and fastest is not None:
+        agree = advice.pays == (fastest["method"] != "sync")
+        lines.append(f"planner: {advice.text.split(':')[0]}; fastest to the target: {fastest['method']}"
+                     + (f" H={fastest['sync_every']}" if fastest["method"] != "sync" else "")
+                     + f" ({'agrees' if agree else 'disagrees'})")
     return summary, "\n".join(lines)
 
 
@@ -353,6 +401,11 @@ def main(argv: list[str] | None = None) -> int:
                    help=f"samples per rank per step (default {BATCH}; keep ranks x batch = 16 for the target)")
     p.add_argument("--lr", type=float, default=LR,
                    help=f"the inner (every-step) optimizer's learning rate, every method (default {LR:g})")
+    p.add_argument("--eval-every", type=int, default=EVAL_EVERY,
+                   help=f"steps between evaluations (default {EVAL_EVERY}; a multiple of every H)")
+    p.add_argument("--target", default=str(TARGET),
+                   help=f"target loss (default {TARGET}), or sync-third: the synchronous run's loss "
+                        "after a third of its steps")
     p.add_argument("--methods", help="comma list of method:H (default all: sync:1,localsgd:10,...)")
     p.add_argument("--json", help="write the records to this file")
     p.add_argument("--netns-prefix", default="rtsh", help="names of the shaped hosts (default rtsh)")
@@ -384,8 +437,24 @@ def main(argv: list[str] | None = None) -> int:
                 p.error(f"--methods: {item!r} is not METHOD:H (sync:1, localsgd:H or diloco:H with H >= 2), "
                         "e.g. --methods sync:1,diloco:50")
             methods.append((name, int(h)))
+    if args.eval_every < 1 or any(args.eval_every % h for _, h in methods):
+        p.error(f"--eval-every must be a multiple of every method's H (evaluations at sync points), "
+                f"got {args.eval_every} for H = {sorted({h for _, h in methods})}")
+    target: float | None
+    if args.target == "sync-third":
+        if ("sync", 1) not in methods:
+            p.error("--target sync-third needs sync:1 in --methods")
+        target = None
+    else:
+        try:
+            target = float(args.target)
+        except ValueError:
+            target = math.nan
+        if not (math.isfinite(target) and target > 0):
+            p.error(f"--target must be a loss > 0 or sync-third, got {args.target!r}")
     records, meta = run(rounds, steps, args.loopback, methods, prefix=args.netns_prefix,
-                        subnet=args.netns_subnet, n=args.ranks, batch=args.batch, lr=args.lr)
+                        subnet=args.netns_subnet, n=args.ranks, batch=args.batch, lr=args.lr,
+                        eval_every=args.eval_every, target=target)
     summary, table = summarize(records, meta)
     print(table)
     if args.json:

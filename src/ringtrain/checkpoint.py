@@ -29,6 +29,7 @@ import io
 import json
 import logging
 import os
+import pickle
 import re
 import shutil
 import socket
@@ -88,7 +89,13 @@ def save(path: str | os.PathLike[str], state: Any) -> Path | None:
     if runtime.is_initialized() and runtime.rank() != 0:
         return None
     buf = io.BytesIO()
-    torch.save(state, buf)
+    try:
+        torch.save(state, buf)
+    except (pickle.PicklingError, TypeError, AttributeError) as exc:
+        # Before any file is touched: a lambda, a lock or a local class in the state.
+        raise CheckpointError(
+            f"cannot save checkpoint {target}: the state holds an object pickle cannot write "
+            f"({exc}); save plain data (state_dict()s, tensors, numbers, strings) instead") from None
     payload = buf.getbuffer()
     header = _HEADER.pack(_MAGIC, len(payload), hashlib.sha256(payload).digest())
     try:

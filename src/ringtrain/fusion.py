@@ -240,6 +240,16 @@ class FusedExchange:
                 self.bucket_of[index] = (bucket, position)
         self.members = keep
 
+    def add(self, names: Sequence[str], tensors: Sequence[torch.Tensor], members: Sequence[int]) -> None:
+        """Append tensors to the full list (indices continue after the existing ones) and
+        re-plan the buckets for ``members``."""
+        self.names.extend(names)
+        self.shapes.extend(tuple(t.shape) for t in tensors)
+        self.dtypes.extend(t.dtype for t in tensors)
+        self.devices.extend(t.device for t in tensors)
+        self.numels.extend(t.numel() for t in tensors)
+        self.plan(members)
+
     # -- the exchange -------------------------------------------------------------------
 
     def scaling_for(self, bucket: Bucket) -> Scaling:

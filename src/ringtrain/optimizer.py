@@ -140,7 +140,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._algorithm = sync.make_strategy(strategy, **strategy_options)
         self.strategy = strategy if isinstance(strategy, str) else type(strategy).__name__
 
-        params, names = self._collect(named_parameters)
+        params, names, later = self._collect(named_parameters)
         periodic = [(n, claims.holder(p)) for n, p in zip(names, params, strict=True)
                     if claims.holder(p) is not None]
         if periodic:
@@ -152,6 +152,12 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 "Use one exchange mode per parameter: drop the periodic one (del it) first")
         self._params = params
         self._names = names
+        # Parameters frozen when wrapped (requires_grad False) stay out of the buckets;
+        # one unfrozen later (fine-tuning that trains the head first) joins them at the
+        # first step it has a gradient (_adopt_unfrozen), instead of stepping on its local
+        # gradient while the others are averaged, which is how Horovod and DDP let the
+        # replicas drift apart.
+        self._later = later
         mb = fusion_mb if fusion_mb is not None else runtime.settings().fusion_mb
         if not mb > 0:
             raise ConfigError(f"fusion_mb must be > 0, got {mb}")
@@ -192,7 +198,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         me = weakref.ref(self)
         self._hook_handles = [p.register_post_accumulate_grad_hook(_hook(me, i))
                               for i, p in enumerate(params)]
-        weakref.finalize(self, _remove_all, list(self._hook_handles))
+        weakref.finalize(self, _remove_all, self._hook_handles)  # the list: adopted ones too
         self._retired = False
         for p in params:
             previous = _owner(p)
@@ -240,10 +246,14 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
     def _collect(
         self, named_parameters: Iterable[tuple[str, torch.nn.Parameter]] | None
-    ) -> tuple[list[torch.nn.Parameter], list[str]]:
-        in_groups = [p for g in self._inner.param_groups for p in g["params"] if p.requires_grad]
+    ) -> tuple[list[torch.nn.Parameter], list[str], list[tuple[str, torch.nn.Parameter]]]:
+        """(parameters to exchange, their names, the frozen ones with names)."""
+        every = list(dict.fromkeys(p for g in self._inner.param_groups for p in g["params"]))
+        in_groups = [p for p in every if p.requires_grad]
+        frozen = [p for p in every if not p.requires_grad]
         if named_parameters is None:
-            return in_groups, [f"param{i}" for i in range(len(in_groups))]
+            return (in_groups, [f"param{i}" for i in range(len(in_groups))],
+                    [(f"frozen{j}", p) for j, p in enumerate(frozen)])
         pairs = list(named_parameters)
         if any(not (isinstance(x, tuple) and len(x) == 2) for x in pairs):
             raise ConfigError(
@@ -265,7 +275,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 f"{len(missing)} parameter(s) of the optimizer are not in named_parameters; "
                 "pass the same model's named_parameters() the optimizer was built from"
             )
-        return in_groups, [by_id[id(p)] for p in in_groups]
+        later = [(by_id.get(id(p), f"frozen{j}"), p) for j, p in enumerate(frozen)]
+        return in_groups, [by_id[id(p)] for p in in_groups], later
 
     def set_backward_passes_per_step(self, passes: int) -> None:
         """Change the number of local passes per exchange (between steps)."""
@@ -418,6 +429,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
             if not bucket.grad_views:
                 self._unpack(bucket)
         self._exchange_sparse()
+        if self._later:
+            self._adopt_unfrozen()
         if self._densified:
             with torch.no_grad():
                 for index in self._densified:
@@ -429,6 +442,59 @@ class DistributedOptimizer(torch.optim.Optimizer):
         if events.active():
             events.emit("exchange_wait", t0, t_end)
         self._synchronized = True
+
+    def _adopt_unfrozen(self) -> None:
+        """Parameters frozen at wrapping that have a gradient now: exchange this step's
+        gradients of them on their own, then make them members like the others (hooks,
+        buckets), so from the next step on they travel overlapped with backward. Every
+        rank meets them at the same step; the store check below names a rank that did
+        not (a rank-dependent ``requires_grad``) instead of pairing unlike exchanges."""
+        new = [(n, p) for n, p in self._later if p.requires_grad and p.grad is not None]
+        if not new:
+            return
+        grads = [p.grad for _, p in new if p.grad is not None]
+        sparse = [n for (n, _), g in zip(new, grads, strict=True) if g.is_sparse]
+        if sparse:
+            raise OptimizerUsageError(
+                f"parameter {sparse[0]!r} was frozen when the optimizer was wrapped and has a "
+                "sparse gradient now; wrap the optimizer again after unfreezing it")
+        names = [n for n, _ in new]
+        warnings.warn(
+            f"{len(new)} parameter(s) frozen when the DistributedOptimizer was wrapped have "
+            f"gradients now (first {names[0]!r}): their gradients are combined across ranks "
+            "from this step on (Horovod and DDP leave them local, and replicas drift)",
+            stacklevel=3)
+        tensors = [p for _, p in new]
+        if not self._self_checking:
+            sync.check_exchange(self._algorithm, [(n, tuple(p.shape), p.dtype) for n, p in new],
+                                {"op": self._op.name}, when="parameters unfrozen since wrapping")
+        once = FusedExchange(names, tensors, self._fusion.strategy, self._compression, self._op,
+                             self._fusion.size, self._fusion.bucket_bytes,
+                             predivide=self._fusion.predivide, label="unfrozen")
+        for bucket in once.buckets:
+            once.pack(bucket, [grads[i] for i in bucket.spec.params])
+            once.launch(bucket)
+        with torch.no_grad():
+            for bucket in once.buckets:
+                once.wait(bucket)
+                for position, index in enumerate(bucket.spec.params):
+                    grads[index].copy_(once.result(bucket, position))
+        me = weakref.ref(self)
+        for name, p in new:
+            index = len(self._params)
+            self._params.append(p)
+            self._names.append(name)
+            self._passes.append(self.backward_passes_per_step)
+            handle = p.register_post_accumulate_grad_hook(_hook(me, index))
+            self._hook_handles.append(handle)
+            previous = _owner(p)
+            if previous is not None and previous is not self:
+                previous._retire()
+            _OWNER[id(p)] = (weakref.ref(p, partial(_forget, id(p))), me)
+        adopted = {id(p) for p in tensors}
+        self._later = [(n, p) for n, p in self._later if id(p) not in adopted]
+        self._fusion.add(names, tensors, [i for i in range(len(self._params)) if i not in self._sparse])
+        self._layout_checked = False
 
     def _unpack(self, bucket: Bucket) -> None:
         with torch.no_grad():

@@ -191,9 +191,26 @@ def _errors() -> dict[str, str]:
         inner = rt.DistributedOptimizer(_sgd(list(m.parameters())), named_parameters=m.named_parameters())
         rt.DiLoCo(m, inner, _nesterov(list(m.parameters())), sync_every=5)
 
+    def unfrozen_after_localsgd() -> None:
+        m = _mlp()
+        m[0].requires_grad_(False)  # the head first, then everything
+        opt = rt.LocalSGD(m, _sgd(list(m.parameters())), sync_every=5)
+        one_step(opt, m)
+        m[0].requires_grad_(True)
+        one_step(opt, m)
+
+    def unfrozen_after_diloco() -> None:
+        m = _mlp()
+        m[0].requires_grad_(False)
+        trainable = [p for p in m.parameters() if p.requires_grad]
+        opt = rt.DiLoCo(m, _sgd(list(m.parameters())), _nesterov(trainable), sync_every=5)
+        one_step(opt, m)
+        m[0].requires_grad_(True)
+        one_step(opt, m)
+
     for fn in (differing_sync_every, differing_outer_lr, zero_sync_every, outer_over_other_parameters,
                outer_over_part_of_the_model, distributed_then_diloco, diloco_then_distributed,
-               inner_is_distributed):
+               inner_is_distributed, unfrozen_after_localsgd, unfrozen_after_diloco):
         catch(fn.__name__, fn)
     # After every refusal the world still trains: a correct DiLoCo syncs.
     m = _mlp()
@@ -482,6 +499,9 @@ def test_mismatched_settings_are_one_error_on_every_rank(world: list[dict[str, A
     ("distributed_then_diloco", ["ConfigError", "DistributedOptimizer", "one exchange mode per parameter"]),
     ("diloco_then_distributed", ["ConfigError", "rt.LocalSGD", "one exchange mode per parameter"]),
     ("inner_is_distributed", ["ConfigError", "inner_optimizer is a DistributedOptimizer", "SGD"]),
+    # These trained the unfrozen layer on each rank's own data, never synced: replicas drifted.
+    ("unfrozen_after_localsgd", ["OptimizerUsageError", "rt.LocalSGD", "'0.weight' was frozen", "drift"]),
+    ("unfrozen_after_diloco", ["OptimizerUsageError", "rt.DiLoCo", "'0.weight' was frozen", "build it again"]),
 ])
 def test_bad_arguments_are_a_config_error_naming_them(world: list[dict[str, Any]], key: str,
                                                        words: list[str]) -> None:

@@ -85,6 +85,37 @@ def test_the_planner_still_predicts_the_recorded_shaped_host_steps_within_a_fift
         assert abs(s["planner_error"]) <= 0.2, s
     diloco = next(s for s in summary if (s["method"], s["sync_every"]) == ("diloco", 50))
     assert diloco["speedup_to_target"] >= 5 and diloco["fewer_bytes"] >= 40
+    assert diloco["planner_says_periodic_pays"] and diloco["fastest_to_target"]
+    assert "planner: DiLoCo pays; fastest to the target: diloco H=50 (agrees)" in _table
+
+
+def test_on_loopback_at_64_samples_per_rank_the_planner_and_the_benchmark_pick_per_step_exchange() -> None:
+    """The committed loopback run at a training batch (benchmarks/lowcomm_loopback2_b64.json:
+    2 ranks, one per core, 64 samples each, the target by the sync-third rule): the planner
+    advises per-step exchange, and synchronous training reached the target first in every
+    round (DiLoCo and LocalSGD steps were barely shorter and needed more samples)."""
+    records = json.loads((BENCH / "lowcomm_loopback2_b64.json").read_text())
+    runs = [r for r in records if not r.get("summary")]
+    meta = runs[0]["meta"]
+    assert (meta["transport"], meta["n"], meta["batch_per_rank"], meta["target_rule"]) == (
+        "loopback", 2, 64, "sync-third")
+    summary, table = lowcomm.summarize(runs, meta)
+    assert "planner: per-step exchange; fastest to the target: sync (agrees)" in table
+    for s in summary:
+        assert s["planner_says_periodic_pays"] is False
+        assert abs(s["planner_error"]) <= 0.2, s
+    for r in range(meta["rounds"]):
+        times = {x["method"]: x["wall_s_to_target"] for x in runs if x["round"] == r}
+        assert times["sync"] < min(times["diloco"], times["localsgd"]), (r, times)
+
+
+def test_the_sync_third_target_is_the_sync_runs_loss_at_a_third_of_its_steps() -> None:
+    curve = [[s, s / 10, 1.0 / s, 2.0] for s in (10, 20, 30, 40, 50, 60)]
+    records = [{"method": "diloco", "curve": [[10, 1.0, 0.0, 0.0]]}, {"method": "sync", "curve": curve}]
+    assert lowcomm.sync_third_target(records, 60) == pytest.approx(1 / 20)
+    assert lowcomm.sync_third_target(records, 50) == pytest.approx(1 / 20)  # first at or after 16.7
+    with pytest.raises(ValueError, match="needs the sync method"):
+        lowcomm.sync_third_target(records[:1], 60)
 
 
 def test_the_planner_still_predicts_the_recorded_one_rank_per_core_loopback_steps_within_a_fifth() -> None:
@@ -109,6 +140,11 @@ def test_the_planner_still_predicts_the_recorded_one_rank_per_core_loopback_step
     (["--loopback", "--methods", "sync"], "--methods: 'sync' is not METHOD:H"),
     (["--loopback", "--methods", "diloco:1"], "--methods: 'diloco:1' is not METHOD:H"),
     (["--loopback", "--methods", "sync:1,adam:5"], "--methods: 'adam:5' is not METHOD:H"),
+    (["--loopback", "--eval-every", "10"], "--eval-every must be a multiple of every method's H"),
+    (["--loopback", "--eval-every", "0", "--methods", "sync:1"], "--eval-every must be a multiple"),
+    (["--loopback", "--methods", "diloco:10", "--target", "sync-third"], "--target sync-third needs sync:1"),
+    (["--loopback", "--target", "low"], "--target must be a loss > 0 or sync-third, got 'low'"),
+    (["--loopback", "--target", "nan"], "--target must be a loss > 0 or sync-third, got 'nan'"),
 ])
 def test_settings_that_cannot_train_are_refused_in_one_line_before_anything_starts(
         argv: list[str], needle: str, capsys: pytest.CaptureFixture[str]) -> None:

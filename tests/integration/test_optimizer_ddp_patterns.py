@@ -401,3 +401,57 @@ def test_reentrant_checkpointing_trains_as_one_process(where: str) -> None:
     # next gradient raised OptimizerUsageError.
     for out in run_world(_checkpointed, 2, where, timeout=50):
         assert out[0] < 1e-6 and out[1] == 0.0, out
+
+
+def _unfrozen_after_wrapping(sync_at: str, named: bool) -> dict[str, Any]:
+    """The backbone frozen when the optimizer is wrapped, unfrozen at step 2 (train the
+    head first, then everything): parameters after 5 steps, and what was warned."""
+    import warnings
+
+    import ringtrain as rt
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.Tanh(), torch.nn.Linear(3, 1))
+    model[0].requires_grad_(False)
+    opt = rt.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
+        named_parameters=model.named_parameters() if named else None, sync_at=sync_at)
+    caught: list[str] = []
+    for step in range(5):
+        if step == 2:
+            model[0].requires_grad_(True)
+        opt.zero_grad()
+        with warnings.catch_warnings(record=True) as got:
+            warnings.simplefilter("always")
+            model(torch.full((2, 3), float(step + rt.rank()))).sum().backward()
+            opt.step()
+        caught += [str(w.message) for w in got]
+    return {"params": [p.detach().clone() for p in model.parameters()], "warned": caught,
+            "buckets": opt.bucket_names}
+
+
+def _unfrozen_reference(n: int) -> list[torch.Tensor]:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.Tanh(), torch.nn.Linear(3, 1))
+    model[0].requires_grad_(False)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    for step in range(5):
+        if step == 2:
+            model[0].requires_grad_(True)
+        _global_step(model, opt, step, n)
+    return [p.detach().clone() for p in model.parameters()]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(("sync_at", "named"), [("backward", True), ("step", False)])
+def test_a_parameter_unfrozen_after_wrapping_is_averaged_from_then_on(sync_at: str, named: bool) -> None:
+    # It was stepped on each rank's own gradient (as Horovod and DDP do): the backbone's
+    # replicas drifted apart, 0.1 after three steps here, with no error.
+    want = _unfrozen_reference(2)
+    for out in run_world(_unfrozen_after_wrapping, 2, sync_at, named, timeout=50):
+        for got, ref in zip(out["params"], want, strict=True):
+            torch.testing.assert_close(got, ref)
+        assert len(out["warned"]) == 1, out["warned"]
+        assert "2 parameter(s) frozen when the DistributedOptimizer was wrapped" in out["warned"][0]
+        assert ("0.weight" if named else "frozen0") in out["warned"][0]
+        assert any(("0.bias" if named else "frozen1") in b for b in out["buckets"]), out["buckets"]

@@ -97,6 +97,23 @@ def _check_size(size: Any) -> int:
     return size
 
 
+def _encoded(data: Any) -> bytes:
+    """The encoded file as bytes: bytes-like, or a uint8 array or tensor (torchvision's
+    ``read_file``); anything else (a path, a decoded image) is a DataError saying what to give."""
+    if isinstance(data, bytes):
+        return data
+    if isinstance(data, (bytearray, memoryview)):
+        return bytes(data)
+    if isinstance(data, (np.ndarray, torch.Tensor)) and data.dtype in (np.uint8, torch.uint8) \
+            and data.ndim == 1:
+        return (data.numpy(force=True) if isinstance(data, torch.Tensor) else data).tobytes()
+    raise DataError(
+        f"DecodeCrop takes an encoded image file's bytes, got {type(data).__name__}"
+        + (f" {data[:60]!r}" if isinstance(data, str) else "")
+        + "; read the file's bytes (rt.data.ImageFolder(root, decode=False, transform=...)), "
+        "or use a torchvision transform on decoded images")
+
+
 class DecodeCrop:
     """Encoded image (bytes) -> ``3 x size x size`` uint8 array: a random-resized crop
     (torchvision's ``RandomResizedCrop(size, scale, ratio)`` sampling) and a horizontal
@@ -152,8 +169,8 @@ class DecodeCrop:
         box = random_resized_box(width, height, self.scale, self.ratio)
         return box, draw_flip(self.flip)
 
-    def __call__(self, data: bytes | bytearray | memoryview) -> Any:
-        data = bytes(data) if not isinstance(data, bytes) else data
+    def __call__(self, data: bytes | bytearray | memoryview | np.ndarray | torch.Tensor) -> Any:
+        data = _encoded(data)
         info = image_info(data)
         box, flip = self.sample(info.width, info.height)
         if self.device.type == "cuda":
@@ -162,10 +179,11 @@ class DecodeCrop:
         return self._apply(data, info, box, flip)
 
     # ---- the deterministic form ---------------------------------------------------------
-    def apply(self, data: bytes | bytearray | memoryview, box: Box, flip: bool = False) -> np.ndarray:
+    def apply(self, data: bytes | bytearray | memoryview | np.ndarray | torch.Tensor, box: Box,
+              flip: bool = False) -> np.ndarray:
         """The crop ``box`` = ``(left, top, width, height)`` of the encoded image, resized
         to ``3 x size x size`` and mirrored when ``flip`` (no randomness)."""
-        data = bytes(data) if not isinstance(data, bytes) else data
+        data = _encoded(data)
         return self._apply(data, image_info(data), box, flip)
 
     def _apply(self, data: bytes, info: ImageInfo, box: Box, flip: bool) -> np.ndarray:

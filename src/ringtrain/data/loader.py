@@ -397,6 +397,10 @@ class Loader:
             raise DataError(f"Loader state has epoch={raw[0]!r}, position={raw[1]!r} (whole numbers, "
                             "position >= 0, expected); pass what state_dict() returned")
         epoch, position = int(raw[0]), int(raw[1])
+        if not self._sharded and position > len(self.dataset):
+            # state_dict() never writes one: a hand edit, which moved to the next epoch.
+            raise DataError(f"Loader state has position={position}, past the end of the epoch "
+                            f"({len(self.dataset)} samples); pass what state_dict() returned")
         resumed: tuple[Stage, ...] = ()
         if self._sharded:
             epoch, resumed, position = self._shard_resume(state)
@@ -518,10 +522,13 @@ class Loader:
                             f"{state.get('drop_last')!r} but this loader has drop_last="
                             f"{self.drop_last!r}; resume with the same drop_last")
         saved_world, saved_batch = int(state["world_size"]), int(state["batch_size"])
-        if saved_world == world and (saved_batch == self.batch_size or not self.drop_last):
-            return epoch, resumed, position  # the same ranges: go on inside them
         saved = ShardPlan(self._shard_sizes(), saved_batch, saved_world, 0,
                           drop_last=self.drop_last, resumed=resumed)
+        if position > saved.range_len:
+            raise DataError(f"Loader state has position={position}, past the end of a rank's range "
+                            f"of the epoch ({saved.range_len} samples); pass what state_dict() returned")
+        if saved_world == world and (saved_batch == self.batch_size or not self.drop_last):
+            return epoch, resumed, position  # the same ranges: go on inside them
         if position >= saved.range_len:
             return epoch + 1, (), 0  # the saved ranks had finished the epoch
         # Another world size (or batch size with drop_last): what the saved ranks had

@@ -37,7 +37,7 @@ from ringtrain import claims, collectives, events, replicate, runtime, sync
 from ringtrain.agreement.signature import strategy_settings
 from ringtrain.collectives import Average
 from ringtrain.compression import Compression, Compressor
-from ringtrain.errors import ConfigError
+from ringtrain.errors import ConfigError, OptimizerUsageError
 from ringtrain.fusion import Bucket, FusedExchange
 from ringtrain.lowcomm import checks, fragments
 from ringtrain.optimizer import owner_of
@@ -92,6 +92,10 @@ class PeriodicSync:
         self._model = model
         self._params = list(synced)
         self._names = [names[id(p)] for p in synced]
+        # The model's parameters left out because they were frozen: one that trains later
+        # would move on each rank's data alone, never averaged (step() refuses it).
+        in_sync = {id(p) for p in synced}
+        self._left_out = [(n, p) for n, p in model.named_parameters() if id(p) not in in_sync]
         self._compression = compression
         self._strategy = sync.make_strategy(strategy, **strategy_options)
         self.strategy = strategy if isinstance(strategy, str) else type(strategy).__name__
@@ -152,6 +156,14 @@ class PeriodicSync:
             self._agree()
         if self._copy is None:
             self._take_start()
+        for name, p in self._left_out:
+            if p.requires_grad and p.grad is not None:
+                raise OptimizerUsageError(
+                    f"rt.{self.mode}: parameter {name!r} was frozen when rt.{self.mode} was built and "
+                    "has a gradient now; it is not synced, so each rank would train it on its own "
+                    f"data and the replicas would drift apart. After a sync, del this rt.{self.mode} "
+                    "and build it again with the parameter unfrozen (or build it with every parameter "
+                    "that will train requiring a gradient)")
         t0 = time.perf_counter()
         try:
             result = self._inner.step(closure) if closure is not None else self._inner.step()

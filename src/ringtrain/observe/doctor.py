@@ -86,6 +86,9 @@ def build_command(args: argparse.Namespace) -> list[str]:
         raise _UsageError(f"-np must be >= 1, got {args.np}")
     if args.steps < 0 or args.warmup < 0:
         raise _UsageError("--steps and --warmup must be >= 0")
+    if args.oversubscribe and args.np == 1:
+        raise _UsageError("--oversubscribe only applies with -np > 1 (more ranks than cores); "
+                          "drop it, or give -np")
     exe = command[0]
     if shutil.which(exe) is None and not (os.sep in exe and os.access(exe, os.X_OK)):
         raise _UsageError(f"command {exe!r} not found; check the spelling or use a full path")

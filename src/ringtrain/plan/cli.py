@@ -465,6 +465,17 @@ _MODE_FLAGS: dict[str, tuple[str, ...]] = {
                    "global_batch", "device_memory", "tflops"),
     "--lowcomm": ("sync_every", "fragments"),
 }
+#: Flags of the data-parallel modes that a mode ignores (beyond _MODE_FLAGS); None: every
+#: flag but the mode's own and those listed in _KEEPS.
+_IGNORED_BY: dict[str, tuple[str, ...] | None] = {
+    "parallel": ("model", "module", "input_shape", "backward_fraction", "gpu", "batch", "strategy",
+                 "framework", "bucket_mb", "compression", "ps_shards", "ps_per_host", "inter", "jitter",
+                 "baseline_gpus"),
+    "lowcomm": ("baseline_gpus", "ps_shards", "ps_per_host"),
+    "validate": None,
+    "calibrate": None,
+}
+_KEEPS = {"validate": ("validate",), "calibrate": ("calibrate", "json")}
 #: Float flags: every one must be a finite number (NaN and inf pass "> 0" checks).
 _FLOAT_FLAGS = ("step_ms", "backward_fraction", "bucket_mb", "jitter", "rtt_ms", "device_memory", "tflops")
 
@@ -500,9 +511,27 @@ def _check_flags(args: argparse.Namespace) -> None:
                               "--strategy or drop --inter")
     if args.validate and args.json:
         raise ConfigError("--validate prints its table and writes no JSON; drop --json")
+    _refuse_ignored(args)
     if args.plot and (args.parallel or args.lowcomm):
         raise ConfigError("--plot draws the data-parallel scaling plan; drop it with "
                           f"{'--parallel' if args.parallel else '--lowcomm'}")
+
+
+def _refuse_ignored(args: argparse.Namespace) -> None:
+    """A flag the chosen mode never reads is an error naming it, not a silent no-op."""
+    given = {k for k, v in vars(args).items() if v != _DEFAULTS.get(k)}
+    mode = next((m for m in _IGNORED_BY if getattr(args, m)), None)
+    if mode is not None:
+        ignored = _IGNORED_BY[mode]
+        extra = sorted(given - set(_KEEPS[mode])) if ignored is None else sorted(given & set(ignored))
+        if extra:
+            flag = "--" + extra[0].replace("_", "-")
+            raise ConfigError(f"{flag} has no effect with --{mode}; drop {flag}")
+    if "gpu" in given and args.step_ms is not None:
+        raise ConfigError("--gpu picks the catalogue's step time, and --step-ms replaces it; drop one")
+
+
+_DEFAULTS = vars(build_parser().parse_args([]))
 
 
 def _validate() -> str:

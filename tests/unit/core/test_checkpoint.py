@@ -185,3 +185,17 @@ def test_a_full_disk_names_the_path(tmp_path: Path, monkeypatch: pytest.MonkeyPa
         rt.checkpoint.save(tmp_path / "f.ckpt", {"x": torch.ones(2)})
     monkeypatch.setattr(os_module, "fsync", real_fsync)
     assert not list(tmp_path.glob("f.ckpt*")), "no half-written file is left"
+
+
+@pytest.mark.parametrize("bad", ["lambda", "lock"])
+def test_a_state_pickle_cannot_write_is_a_checkpoint_error_and_no_file(tmp_path: Path, bad: str) -> None:
+    # It was pickle's own TypeError / PicklingError (or an AttributeError for a local class).
+    import threading
+
+    target = tmp_path / "c.ckpt"
+    rt.checkpoint.save(target, {"step": 1})
+    obj = (lambda x: x) if bad == "lambda" else threading.Lock()
+    with pytest.raises(CheckpointError, match="pickle cannot write .*state_dict"):
+        rt.checkpoint.save(target, {"step": 2, "extra": obj})
+    assert rt.checkpoint.load(target) == {"step": 1}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.ckpt"]

@@ -96,6 +96,37 @@ def test_a_loader_state_that_is_not_one_says_what_to_pass() -> None:
             _loader().load_state_dict(bad)
 
 
+class _Sharded:
+    """A sharded dataset: two shards of 10 samples."""
+
+    shard_sizes = (10, 10)
+
+    def __len__(self) -> int:
+        return 20
+
+    def __getitem__(self, i: int) -> int:
+        return i
+
+
+@pytest.mark.parametrize("sharded", [False, True])
+def test_a_loader_position_past_the_epoch_is_refused(sharded: bool) -> None:
+    # A hand-edited position past the end moved silently to the next epoch's start.
+    def make() -> rt.data.Loader:
+        return rt.data.Loader(_Sharded() if sharded else list(range(20)), batch_size=4, shuffle=True,
+                              seed=0, num_workers=0, device="cpu")
+
+    good = make()
+    it = iter(good)
+    next(it)
+    state = good.state_dict()
+    end = 20
+    with pytest.raises(DataError, match=f"position={end + 1}, past the end"):
+        make().load_state_dict({**state, "position": end + 1})
+    at_end = make()
+    at_end.load_state_dict({**state, "position": end})  # the epoch done: the next one's start
+    assert at_end.state_dict()["epoch"] == state["epoch"] + 1
+
+
 def _resumable(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None) -> object:
     return rt.elastic.Resumable(path, model=model, optimizer=optimizer, every=1)
 

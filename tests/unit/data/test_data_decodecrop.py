@@ -203,6 +203,21 @@ def test_box_outside_the_image_is_named(photos: list[bytes]) -> None:
         rt.data.DecodeCrop(8).apply(photos[0], (info.width - 5, 0, 10, 10))
 
 
+@pytest.mark.parametrize("given", ["photo.jpg", None, np.zeros((4, 4), np.uint8)])
+def test_what_is_not_a_files_bytes_is_named(given: object) -> None:
+    # A path string was bytes()'s "string argument without an encoding" TypeError.
+    with pytest.raises(DataError, match=f"takes an encoded image file's bytes, got {type(given).__name__}"):
+        rt.data.DecodeCrop(8)(given)
+
+
+def test_a_uint8_tensor_of_the_file_is_taken_as_its_bytes(photos: list[bytes]) -> None:
+    box = (0, 0, 40, 30)
+    as_tensor = torch.frombuffer(bytearray(photos[0]), dtype=torch.uint8)
+    want = rt.data.DecodeCrop(8).apply(photos[0], box)
+    np.testing.assert_array_equal(rt.data.DecodeCrop(8).apply(as_tensor, box), want)
+    np.testing.assert_array_equal(rt.data.DecodeCrop(8).apply(memoryview(photos[0]), box), want)
+
+
 def test_corrupt_file_is_a_data_error() -> None:
     with pytest.raises(DataError):
         rt.data.DecodeCrop(8)(b"\xff\xd8\xff\xe0garbage")

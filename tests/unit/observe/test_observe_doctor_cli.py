@@ -18,6 +18,8 @@ from ringtrain.observe import doctor
     (["doctor", "--steps", "-1", "--", "python", "x.py"], "must be >= 0"),
     (["doctor", "--", "no-such-command-xyz"], "not found"),
     (["doctor", "--bogus"], "see 'ringtrain doctor --help'"),
+    # It was ignored: one process is never oversubscribed.
+    (["doctor", "--oversubscribe", "--", "python", "x.py"], "--oversubscribe only applies with -np > 1"),
 ])
 def test_usage_errors_are_one_line_and_exit_2(argv: list[str], message: str,
                                               capsys: pytest.CaptureFixture[str]) -> None:

@@ -113,6 +113,14 @@ _CUSTOM = ["--model", "custom", "--params", "300M", "--step-ms", "370", "--gpus"
         (_PARALLEL + ["--microbatches", "0", "--device-memory", "80"], "--microbatches must be >= 1, got 0"),
         (_PARALLEL + ["--device-memory", "0"], "--device-memory must be > 0 GiB, got 0"),
         (_PARALLEL + ["--global-batch", "-3", "--device-memory", "8"], "--global-batch must be >= 1, got -3"),
+        # These were read by no code of the mode: silently without effect.
+        (["--validate", "--gpus", "8"], "--gpus has no effect with --validate; drop --gpus"),
+        (["--calibrate", "--model", "vgg16"], "--model has no effect with --calibrate; drop --model"),
+        (_PARALLEL + ["--device-memory", "80", "--gpu", "v100"], "--gpu has no effect with --parallel"),
+        (_PARALLEL + ["--device-memory", "80", "--strategy", "ps"], "--strategy has no effect with --parallel"),
+        (["--lowcomm", "--baseline-gpus", "2"], "--baseline-gpus has no effect with --lowcomm"),
+        (["--model", "vgg16", "--gpu", "v100", "--step-ms", "50"],
+         "--gpu picks the catalogue's step time, and --step-ms replaces it; drop one"),
     ],
 )
 def test_user_errors_are_one_line_and_exit_2(argv: list[str], needle: str, capsys: pytest.CaptureFixture[str]) -> None:
