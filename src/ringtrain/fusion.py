@@ -180,6 +180,23 @@ class Bucket:
         return self.flat[offset : offset + self.numels[position]]
 
 
+def _held_elsewhere(flat: torch.Tensor, grads: Sequence[torch.Tensor | None]) -> bool:
+    """Whether a tensor other than ``flat`` and this step's ``grads`` uses ``flat``'s memory.
+
+    Counts the references to the buffer's storage: one for ``flat``, one for each gradient
+    that is a view of it (accumulated in place), one for the temporary storage object
+    this check makes. Without torch's counter, a buffer is replaced whenever a gradient
+    is not already its view (correct, one allocation per bucket and step)."""
+    storage = flat.untyped_storage()
+    base = storage.data_ptr()
+    mine = sum(1 for g in grads if g is not None and not g.is_sparse
+               and g.untyped_storage().data_ptr() == base)
+    counter = getattr(torch._C, "_storage_Use_Count", None)
+    if counter is None:
+        return mine < len(grads)
+    return int(counter(storage._cdata)) > 2 + mine
+
+
 def _is_view_of(grad: torch.Tensor, view: torch.Tensor) -> bool:
     return (grad.dtype == view.dtype and grad.is_contiguous()
             and grad.data_ptr() == view.data_ptr() and grad.numel() == view.numel())
@@ -218,6 +235,8 @@ class FusedExchange:
         self.buckets: list[Bucket] = []
         self.bucket_of: dict[int, tuple[Bucket, int]] = {}
         self.members: list[int] = []
+        #: Buffers replaced because a view of the old one was still held (see pack).
+        self.fresh_buffers = 0
         self.plan(range(len(tensors)))
 
     def plan(self, members: Sequence[int] | range) -> None:
@@ -262,6 +281,13 @@ class FusedExchange:
         A gradient that already is its view (accumulated in place) is not copied.
         """
         pre = self.scaling_for(bucket).pre
+        if bucket.grad_views and _held_elsewhere(bucket.flat, grads):
+            # A view of the buffer from an earlier step outlives it (the script kept a
+            # `.grad` tensor, or an optimizer stored one): overwriting the buffer would
+            # change that tensor, where DDP and Horovod leave an old gradient as it was.
+            # Pack into a new buffer; the old one stays with whoever holds it.
+            bucket.flat = torch.empty_like(bucket.flat)
+            self.fresh_buffers += 1
         with torch.no_grad():
             for position, grad in enumerate(grads):
                 view = bucket.view(position)

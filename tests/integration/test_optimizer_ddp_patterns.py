@@ -455,3 +455,48 @@ def test_a_parameter_unfrozen_after_wrapping_is_averaged_from_then_on(sync_at: s
         assert "2 parameter(s) frozen when the DistributedOptimizer was wrapped" in out["warned"][0]
         assert ("0.weight" if named else "frozen0") in out["warned"][0]
         assert any(("0.bias" if named else "frozen1") in b for b in out["buckets"]), out["buckets"]
+
+
+def _kept_gradients(strategy: str, horovod: bool) -> dict[str, Any]:
+    """Train a few steps; keep step 1's `.grad` tensors (as a script logging gradient
+    statistics, or an optimizer storing the last gradient, does) and compare them later
+    with clones taken at the time. Counts buffers replaced in normal steps."""
+    import ringtrain as rt
+
+    model = _model()
+    if horovod:
+        import ringtrain.horovod as hvd
+
+        hvd.init()
+        opt: Any = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                            named_parameters=model.named_parameters())
+    else:
+        opt = rt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                      named_parameters=model.named_parameters(), strategy=strategy)
+    kept: list[torch.Tensor] = []
+    clones: list[torch.Tensor] = []
+    fresh_in_plain_steps = 0
+    for step in range(6):
+        opt.zero_grad(set_to_none=step % 2 == 0)
+        x, y = _batch(step, ROWS)
+        torch.nn.functional.mse_loss(model(x + rt.rank()), y).backward()
+        before = opt._fusion.fresh_buffers
+        opt.step()
+        if step != 2:  # the step after the one whose gradients were kept
+            fresh_in_plain_steps += opt._fusion.fresh_buffers - before
+        if step == 1:  # the next zero_grad sets None (in-place zeroing would change them anywhere)
+            kept = [p.grad for p in model.parameters()]
+            clones = [g.clone() for g in kept]
+    return {"changed": max(float((k - c).abs().max()) for k, c in zip(kept, clones, strict=True)),
+            "fresh": fresh_in_plain_steps}
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize(("strategy", "horovod"), [("native", False), ("ring", False), ("ps", False),
+                                                    ("native", True)])
+def test_a_gradient_kept_from_an_earlier_step_keeps_its_values(strategy: str, horovod: bool) -> None:
+    # `.grad` was a view of the bucket buffer, which the next step overwrote: a kept
+    # gradient silently became the next step's (DDP and Horovod leave it as it was).
+    for out in run_world(_kept_gradients, 2, strategy, horovod, timeout=80):
+        assert out["changed"] == 0.0, out
+        assert out["fresh"] == 0, out  # no new buffer unless a view is held
