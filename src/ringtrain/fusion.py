@@ -187,10 +187,10 @@ def _held_elsewhere(flat: torch.Tensor, grads: Sequence[torch.Tensor | None]) ->
     that is a view of it (accumulated in place), one for the temporary storage object
     this check makes. Without torch's counter, a buffer is replaced whenever a gradient
     is not already its view (correct, one allocation per bucket and step)."""
+    lo = flat.data_ptr()
+    hi = lo + flat.numel() * flat.element_size()
+    mine = sum(1 for g in grads if g is not None and not g.is_sparse and lo <= g.data_ptr() < hi)
     storage = flat.untyped_storage()
-    base = storage.data_ptr()
-    mine = sum(1 for g in grads if g is not None and not g.is_sparse
-               and g.untyped_storage().data_ptr() == base)
     counter = getattr(torch._C, "_storage_Use_Count", None)
     if counter is None:
         return mine < len(grads)
