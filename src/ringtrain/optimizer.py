@@ -185,6 +185,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._layout_checked = False
         self._skip_next_sync = False
         self._densified: set[int] = set()  # sparse gradients sent dense (sparse_as_dense)
+        # sync_at="step": what each launched bucket's members hold until the exchange is
+        # finished (their local gradient, its version, the view to hand over then).
+        self._handed: dict[int, list[tuple[int, torch.Tensor | None, int, torch.Tensor | None]]] = {}
         #: Seconds ``synchronize`` spent waiting for exchanges not hidden behind backward.
         self.last_exchange_wait_s = 0.0
         #: Seconds the wrapped optimizer's update took in the last ``step``.
@@ -376,7 +379,24 @@ class DistributedOptimizer(torch.optim.Optimizer):
         members = bucket.spec.params
         grads = [self._dense_grad(i) for i in members]
         views = self._fusion.pack(bucket, grads)
-        if bucket.grad_views:
+        if self.sync_at == "step":
+            # Under Horovod's contract the script runs between here and synchronize():
+            # `.grad` stays the local gradient until the exchange is done, so a change to
+            # it (clipping before synchronize()) cannot reach the buffer in flight, where
+            # it made the ranks' results differ. It is discarded, with a warning.
+            lo = bucket.flat.data_ptr()
+            hi = lo + bucket.nbytes
+            handed = []
+            for index, view in zip(members, views, strict=True):
+                if index in self._seen_sparse or self._frozen(index):
+                    continue
+                grad = self._params[index].grad  # the script's tensor (not a densified copy)
+                local = (grad if grad is not None and not grad.is_sparse and not lo <= grad.data_ptr() < hi
+                         else None)
+                handed.append((index, local, local._version if local is not None else 0,
+                               view if bucket.grad_views else None))
+            self._handed[bucket.spec.index] = handed
+        elif bucket.grad_views:
             for index, view in zip(members, views, strict=True):
                 if index not in self._seen_sparse and not self._frozen(index):
                     self._params[index].grad = view
@@ -417,6 +437,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
             for bucket in self._fusion.buckets:
                 bucket.pending = 0
             self._launch_ready()
+        changed: list[str] = []
         for bucket in self._fusion.buckets:
             self._fusion.wait(bucket)
             t_done = time.perf_counter()
@@ -426,8 +447,16 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 names = [self._names[i] for i in bucket.spec.params]
                 events.emit("exchange", bucket.launched_at, t_done, name=bucket.name,
                             bytes=bucket.nbytes, tensors=names)
+            changed += self._hand_over(bucket)
             if not bucket.grad_views:
                 self._unpack(bucket)
+        if changed:
+            warnings.warn(
+                f"the gradients of {len(changed)} parameter(s) (first {changed[0]!r}) changed after "
+                "backward() and before optimizer.synchronize() (clipping? scaling?): the exchange "
+                "had already taken them, so the change is discarded. Call optimizer.synchronize() "
+                "first, change the gradients, then step inside 'with optimizer.skip_synchronize():' "
+                "(Horovod's recipe), or use sync_at='backward'", stacklevel=3)
         self._exchange_sparse()
         if self._later:
             self._adopt_unfrozen()
@@ -442,6 +471,19 @@ class DistributedOptimizer(torch.optim.Optimizer):
         if events.active():
             events.emit("exchange_wait", t0, t_end)
         self._synchronized = True
+
+    def _hand_over(self, bucket: Bucket) -> list[str]:
+        """sync_at="step": the exchange of ``bucket`` is done; its members' ``.grad``
+        become the result. Returns the names of local gradients changed meanwhile."""
+        handed = self._handed.pop(bucket.spec.index, None)
+        if handed is None:
+            return []
+        changed = [self._names[index] for index, local, version, _ in handed
+                   if local is not None and (self._params[index].grad is not local or local._version != version)]
+        for index, _, _, view in handed:
+            if view is not None:
+                self._params[index].grad = view
+        return changed
 
     def _adopt_unfrozen(self) -> None:
         """Parameters frozen at wrapping that have a gradient now: exchange this step's
@@ -564,6 +606,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._user_synchronized = False
         self._seen_sparse = set()
         self._densified = set()
+        self._handed = {}
         self._steps += 1
 
     def world_changed(self) -> None:
