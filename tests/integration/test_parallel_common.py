@@ -21,6 +21,8 @@ EXAMPLE = ROOT / "examples" / "gpt_parallel.py"
 
 #: A model small enough for eight processes on two cores.
 SMALL = {"block": 16, "layers": 4, "width": 32, "heads": 4}
+#: The same with two blocks, for tensor parallelism (DTensor is slow per operation on CPU).
+TWO_BLOCKS_MODEL = {**SMALL, "layers": 2}
 GLOBAL_BATCH = 8
 STEPS = 10
 #: Adam turns rounding noise in near-zero gradients into steps of about lr, so the
@@ -124,6 +126,32 @@ def resume(path: str, layout: dict[str, Any], steps: int = STEPS,
     data = global_batches(steps + 1, batch, SMALL["block"])
     next_loss = par.step(*local_batch(par, data[steps]), optimizer=opt)
     return {"params": params, "next_loss": next_loss} if par.rank == 0 else None
+
+
+def accumulated_gradients(layout: dict[str, Any], calls: int = 2,
+                          model: dict[str, int] | None = None,
+                          batch: int = GLOBAL_BATCH) -> dict[str, torch.Tensor] | None:
+    """Every parameter's gradient, whole, after ``calls`` step()s without an update
+    (gradient accumulation over ``calls`` global batches); on rank 0."""
+    quiet()
+    par = build(layout, model)
+    data = global_batches(calls, batch, (model or SMALL)["block"])
+    for step in range(calls):
+        par.step(*local_batch(par, data[step]))
+    mine: dict[str, torch.Tensor] = {}
+    for name, p in par.module.named_parameters():
+        assert p.grad is not None, name
+        grad = p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad
+        mine[name] = grad.detach().cpu().clone()
+    parts: list[Any] = [mine]
+    if par.layout.size() > 1:
+        parts = [None] * par.layout.size()
+        torch.distributed.all_gather_object(parts, mine)
+    merged: dict[str, torch.Tensor] = {}
+    for part in parts:
+        for name, grad in part.items():
+            merged.setdefault(name, grad)
+    return merged if par.rank == 0 else None
 
 
 def assert_identical(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:

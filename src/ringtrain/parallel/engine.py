@@ -28,7 +28,7 @@ from torch import nn
 
 from ringtrain import events, inflight, runtime
 from ringtrain.agreement.ranks import settle
-from ringtrain.errors import ConfigError, rank_list
+from ringtrain.errors import CheckpointError, ConfigError, rank_list
 from ringtrain.parallel.layout import Coords, Layout
 from ringtrain.parallel.memory import StateMemory, state_memory
 from ringtrain.parallel.mesh import Mesh, build_mesh
@@ -42,7 +42,9 @@ __all__ = ["Parallel", "parallelize"]
 log = logging.getLogger("ringtrain.parallel")
 
 LossFn = Callable[[Any, Any], torch.Tensor]
-_HEADER_LEN = 8  # batch header: ndim, dtype code, up to 6 dimensions
+_MAX_DIMS = 6
+_PART_LEN = 2 + _MAX_DIMS  # one tensor's ndim, dtype code, up to 6 dimensions
+_HEADER_LEN = 2 * _PART_LEN  # batch header: the targets', then the inputs'
 _DTYPES = (torch.int64, torch.int32, torch.float32, torch.float16, torch.bfloat16,
            torch.float64, torch.uint8, torch.bool)
 
@@ -70,6 +72,10 @@ class Parallel:
         self.pipeline = pipeline
         self.device = device
         self.rank = rank
+        #: The first pipelined step's batch header (targets' and inputs' shapes, dtypes).
+        self._first_header: list[int] | None = None
+        #: Whether the first step checked that each tensor group got one batch.
+        self._batches_checked = False
 
     # -- facts --------------------------------------------------------------------------
 
@@ -117,13 +123,17 @@ class Parallel:
         ``inputs`` and ``targets``; other stages pass nothing. Returns the loss of the
         global batch (mean over data ranks) on every rank.
         """
+        if self.layout.tensor > 1 and not self._batches_checked:
+            # Once: a loader sharded by the wrong rank shows at the first batch, and the
+            # check reads sums back to the host (a device sync on GPUs).
+            self._check_tensor_group_batches(inputs, targets)
+            self._batches_checked = True
         if self.pipeline is not None:
             targets = self._share_targets(inputs, targets)
             local = self.pipeline.run(inputs, targets)
         else:
             if inputs is None or targets is None:
-                raise ConfigError("step() needs inputs and targets on every rank when there "
-                                  "is no pipeline (every rank reads its data shard)")
+                raise ConfigError(_NO_DATA)
             loss = self.loss_fn(self.module(inputs), targets)
             loss.backward()
             local = loss.detach()
@@ -142,6 +152,37 @@ class Parallel:
             events.emit("update", t0, t1)
             events.emit("step_end", t1, t1)
 
+    def _check_tensor_group_batches(self, inputs: Any, targets: Any) -> None:
+        """A ConfigError on every rank unless each tensor group got one batch.
+
+        DTensor takes a tensor-parallel layer's input as replicated without looking:
+        tensor ranks given different batches (data sharded by ``rt.rank()`` instead of
+        ``par.data_rank``) silently trained on a mixture of them. One all-gather of three
+        numbers per rank (sums of the inputs and targets, in float64), at the first step.
+        """
+        has = inputs is not None and targets is not None
+        mine = torch.tensor([float(has), _batch_sum(inputs), _batch_sum(targets)],
+                            dtype=torch.float64, device=self._comm_device())
+        parts = [torch.zeros_like(mine) for _ in range(self.layout.size())]
+        inflight.hold(mine, *parts)
+        dist.all_gather(parts, mine)
+        seen = [part.cpu().tolist() for part in parts]
+        if self.pipeline is None:  # every rank reads data: all of them say so, together
+            missing = [r for r, (present, _, _) in enumerate(seen) if not present]
+            if missing:
+                raise ConfigError(f"{_NO_DATA} (none on rank(s) {rank_list(missing)})")
+        for r, (present, *sums) in enumerate(seen):
+            c = self.layout.coords(r)
+            if c.stage != 0 or c.tensor == 0 or not present:
+                continue
+            first = self.layout.rank_of(Coords(0, c.data, 0))
+            if not _equal_to_rounding(sums, seen[first][1:]):
+                raise ConfigError(
+                    f"ranks {first} and {r} split the same layers (one tensor group) but got "
+                    "different batches; every rank of a tensor group needs the same batch: "
+                    "shard the data by par.data_rank and par.data_size (not rt.rank() and "
+                    "rt.size())")
+
     def _share_targets(self, inputs: Any, targets: Any) -> Any:
         """Send the batch's shape and targets from stage 0 to the other stages.
 
@@ -155,12 +196,15 @@ class Parallel:
         if self.is_first_stage:
             if not isinstance(inputs, torch.Tensor) or not isinstance(targets, torch.Tensor):
                 header[0] = -1
-            elif (targets.dim() > _HEADER_LEN - 2 or targets.dtype not in _DTYPES
+            elif (targets.dim() > _MAX_DIMS or targets.dtype not in _DTYPES
+                  or inputs.dim() > _MAX_DIMS or inputs.dim() == 0
                   or inputs.shape[0] != targets.shape[0]):
                 header[0] = -2
             else:
-                header[0], header[1] = targets.dim(), _DTYPES.index(targets.dtype)
-                header[2:2 + targets.dim()] = torch.tensor(targets.shape)
+                for at, t in ((0, targets), (_PART_LEN, inputs)):
+                    header[at] = t.dim()
+                    header[at + 1] = _DTYPES.index(t.dtype) if t.dtype in _DTYPES else -1
+                    header[at + 2:at + 2 + t.dim()] = torch.tensor(t.shape)
         comm_device = self._comm_device()
         header = header.to(comm_device)
         inflight.hold(header)
@@ -174,6 +218,7 @@ class Parallel:
                               "the same first (batch) dimension and at most 6 dimensions")
         shape = h[2:2 + h[0]]
         self.layout.check_batch(int(shape[0]) if shape else 0)
+        self._check_same_shapes(h)
         if self.is_first_stage:
             buf = targets.to(comm_device).contiguous()
         else:
@@ -181,6 +226,32 @@ class Parallel:
         inflight.hold(buf)
         dist.broadcast(buf, src=src, group=group)
         return buf.to(self.device) if self.is_last_stage else None
+
+    def _check_same_shapes(self, header: list[int]) -> None:
+        """A ConfigError on every stage when this batch's shapes differ from the first's.
+
+        torch's pipeline stages size their activation buffers at the first step; a later
+        batch of another shape (a shorter sequence, a smaller last batch) made the next
+        stage receive into the old buffers and fail inside torch, or compute on stale
+        values, while its neighbour saw only a closed connection.
+        """
+        if self._first_header is None:
+            self._first_header = header
+            return
+        if header == self._first_header:
+            return
+
+        def shapes(h: list[int]) -> str:
+            def one(part: list[int]) -> str:
+                dtype = str(_DTYPES[part[1]]).removeprefix("torch.") if part[1] >= 0 else "?"
+                return f"{part[2:2 + part[0]]} {dtype}"
+            return f"inputs {one(h[_PART_LEN:])}, targets {one(h[:_PART_LEN])}"
+
+        raise ConfigError(
+            f"a pipelined step got {shapes(header)} but the pipeline was built for the first "
+            f"step's {shapes(self._first_header)}; torch's pipeline stages keep the first "
+            "step's activation shapes, so give every step the same shapes and dtypes (pad "
+            "sequences to one length, use drop_last=True or the loader's padding)")
 
     def _comm_device(self) -> torch.device:
         """Where this library's own small collectives run: NCCL needs CUDA tensors."""
@@ -267,12 +338,20 @@ class Parallel:
     def load(self, path: str, optimizer: torch.optim.Optimizer | None = None,
              extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
         """Load a sharded checkpoint saved at any layout into this one; returns the state."""
+        from torch.distributed.checkpoint.api import CheckpointException
+
         from ringtrain import checkpoint
 
         state = self.state_dict(optimizer)
         if extra:
             state.update(extra)
-        checkpoint.load_sharded(path, state)
+        try:
+            checkpoint.load_sharded(path, state)
+        except CheckpointException as exc:
+            # DCP gathers every rank's failure and raises the same exception on all of
+            # them: a BaseException (not caught by `except Exception`) whose text is a
+            # traceback per rank. The cause is a user's mismatch, so say it in one line.
+            raise CheckpointError(_load_problem(path, exc, optimizer is not None)) from None
         self.load_state_dict(state, optimizer)
         return state
 
@@ -280,6 +359,19 @@ class Parallel:
         c = self.coords
         return (f"Parallel({self.layout.describe()}; rank {self.rank} = stage {c.stage}, "
                 f"data {c.data}, tensor {c.tensor})")
+
+
+def _load_problem(path: str, exc: BaseException, with_optimizer: bool) -> str:
+    """One line saying why DCP could not load ``path`` into this layout's state."""
+    failures = getattr(exc, "failures", None) or {}
+    causes = [pair[0] for pair in failures.values() if isinstance(pair, tuple) and pair]
+    cause = str(causes[0]).strip().splitlines()[0] if causes else type(exc).__name__
+    hint = ("the checkpoint was saved from another model (other names or shapes); load it "
+            "into the model that saved it")
+    if with_optimizer and "optimizer." in cause:
+        hint = ("the checkpoint may hold no optimizer state (saved as par.save(path)); "
+                "load it with par.load(path) and no optimizer")
+    return f"cannot load checkpoint {path} into this model: {cause} ({hint})"
 
 
 def _check(model: nn.Module, layout: Layout, split: str | Sequence[str],
@@ -298,13 +390,54 @@ def _check(model: nn.Module, layout: Layout, split: str | Sequence[str],
     return resolved, groups
 
 
-def _agree(problem: str | None, rank: int, world: int) -> None:
+_NO_DATA = ("step() needs inputs and targets on every rank when there is no pipeline "
+            "(every rank reads its data shard)")
+
+
+def _batch_sum(batch: Any) -> float:
+    """The float64 sum of a tensor batch (0 for anything else): a cheap fingerprint."""
+    if not isinstance(batch, torch.Tensor) or batch.is_meta:
+        return 0.0
+    return float(torch.sum(batch.detach(), dtype=torch.float64))
+
+
+def _fingerprint(model: nn.Module) -> list[float]:
+    """The float64 sum of every parameter and buffer of ``model``, in order (no copies)."""
+    sums: list[float] = []
+    for t in (*model.parameters(), *model.buffers()):
+        if t.is_meta or t.numel() == 0:
+            sums.append(float(t.numel()))
+        elif t.is_floating_point():
+            sums.append(float(torch.sum(t.detach(), dtype=torch.float64)))
+        else:
+            sums.append(float(t.detach().sum()))
+    return sums
+
+
+def _equal_to_rounding(a: Sequence[float], b: Sequence[float]) -> bool:
+    # Sums of the same values agree to rounding (a rank's thread count can change the
+    # reduction's order); two random initialisations differ far beyond it.
+    return len(a) == len(b) and all(
+        abs(x - y) <= 1e-6 * max(1.0, abs(x), abs(y)) for x, y in zip(a, b, strict=True))
+
+
+_DIFFERENT_MODEL = (
+    "the model passed to parallelize() differs from rank 0's (its shapes or initial "
+    "values): replicas would train apart. Build it the same way on every rank, after "
+    "the same torch.manual_seed(...)")
+
+
+def _agree(problem: str | None, rank: int, world: int,
+           fingerprint: Sequence[float] = ()) -> None:
     """Raise the same ConfigError on every rank if the checks failed on any.
 
     The checks are pure, so normally every rank finds the same problem; gathering the
     outcomes first also covers ranks that disagree (different models), and makes sure
     no rank leaves while another is still joining the process group (a peer that
-    exits mid-rendezvous breaks Gloo's connection set-up on the others).
+    exits mid-rendezvous breaks Gloo's connection set-up on the others). The same
+    gather compares the ranks' models (``fingerprint``): FSDP2 and DTensor do not
+    broadcast initial values, so a model built with another seed on one rank would
+    make data and tensor replicas that silently never agree.
     """
     def gather(mine: str | None) -> list[str | None]:
         if world == 1:
@@ -312,7 +445,10 @@ def _agree(problem: str | None, rank: int, world: int) -> None:
         # NCCL moves only CUDA tensors (the device is not known yet: this rank's own).
         nccl = dist.get_backend() == "nccl"
         device = torch.device("cuda", torch.cuda.current_device()) if nccl else None
-        return inflight.gather_objects(mine, device=device)
+        outcomes = inflight.gather_objects((mine, list(fingerprint)), device=device)
+        first = outcomes[0][1]
+        return [found if found or _equal_to_rounding(prints, first) else _DIFFERENT_MODEL
+                for found, prints in outcomes]
 
     failed = settle(problem, gather)
     if not failed:
@@ -352,7 +488,7 @@ def parallelize(model: nn.Module, loss_fn: LossFn, *, pipeline: int = 1, tensor:
         resolved, groups = _check(model, layout, split, tensor_plan)
     except ConfigError as exc:
         problem = str(exc)
-    _agree(problem, rank, world)
+    _agree(problem, rank, world, _fingerprint(model) if world > 1 else ())
     if shard is True and layout.data == 1 and world > 1:
         warnings.warn(f"shard=True has no effect: {layout.describe()} has one data replica, "
                       "so there is nothing to shard over", stacklevel=2)

@@ -93,6 +93,14 @@ class Layout:
                 "pick 1f1b (less activation memory) or gpipe")
         if key != self.schedule:
             object.__setattr__(self, "schedule", key)
+        # torch's Schedule1F1B refuses m < p with a bare ValueError, raised only once
+        # the mesh is built; checked here it is the same ConfigError on every rank first.
+        if key == "1f1b" and self.pipeline > 1 and self.m < self.pipeline:
+            raise ConfigError(
+                f"schedule 1f1b needs at least as many micro-batches as stages, got "
+                f"microbatches={self.m} for pipeline={self.pipeline}; use microbatches >= "
+                f"{self.pipeline} (the default is {MICROBATCHES_PER_STAGE} x stages) or "
+                "schedule='gpipe'")
 
     # -- derived ------------------------------------------------------------------------
 

@@ -112,23 +112,26 @@ class Pipeline:
         self.is_first, self.is_last = stage == 0, stage == stages - 1
         timed_loss = self._timed_loss(loss_fn) if loss_fn is not None else None
         kind = Schedule1F1B if schedule == "1f1b" else ScheduleGPipe
-        # scale_grads: the schedule divides summed micro-batch gradients by m, so a
-        # loss that is a mean over its micro-batch gives the mean over the batch.
-        self.schedule = kind(self.stage, microbatches, loss_fn=timed_loss, scale_grads=True)
+        # Each micro-batch's loss (a mean over its samples) is divided by m before its
+        # backward, so the summed micro-batch gradients are the batch's mean. Not the
+        # schedule's scale_grads=True: that divides every .grad by m after the step,
+        # including gradients accumulated by earlier step() calls without an update,
+        # which made accumulation over k calls weigh the first ones 1/m^(k-1) too little.
+        self.schedule = kind(self.stage, microbatches, loss_fn=timed_loss, scale_grads=False)
 
     def _timed_loss(self, loss_fn: Callable[[Any, Any], torch.Tensor]
                     ) -> Callable[[Any, Any], torch.Tensor]:
         def loss(output: Any, target: Any) -> torch.Tensor:
             t0 = time.perf_counter()
             try:
-                return loss_fn(output, target)
+                return loss_fn(output, target) / self.microbatches
             finally:
                 self.times._busy.append((t0, time.perf_counter()))
         return loss
 
     def run(self, inputs: Any, targets: Any) -> torch.Tensor | None:
         """One step's forward and backward; the mean micro-batch loss on the last stage."""
-        losses: list[torch.Tensor] = []
+        losses: list[torch.Tensor] = []  # each micro-batch's loss / m
         self.times._busy.clear()
         t0 = time.perf_counter()
         args = (inputs,) if self.is_first else ()
@@ -146,7 +149,8 @@ class Pipeline:
                             microbatches=self.microbatches, stage=self.stage_index)
         if not self.is_last:
             return None
-        return torch.stack([loss.detach() for loss in losses]).mean()
+        # The losses were divided by m (above): their sum is the micro-batches' mean.
+        return torch.stack([loss.detach() for loss in losses]).sum()
 
 
 def build_schedule(stage_module: nn.Module, stage: int, stages: int, microbatches: int,

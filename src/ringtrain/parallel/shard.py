@@ -81,6 +81,18 @@ def timed_comms() -> tuple[Any, Any] | None:
     return timed_gather(), timed_scatter()
 
 
+def _tied_units(units: Sequence[nn.Module]) -> set[int]:
+    """Indices of the units that share a parameter with another unit."""
+    owner: dict[int, int] = {}
+    tied: set[int] = set()
+    for i, unit in enumerate(units):
+        for p in unit.parameters():
+            first = owner.setdefault(id(p), i)
+            if first != i:
+                tied.update((first, i))
+    return tied
+
+
 def apply_fsdp(root: nn.Module, units: Sequence[nn.Module], mesh: Any, *,
                reshard_after_forward: bool) -> None:
     """``fully_shard`` each unit that has parameters, then ``root``, over ``mesh``.
@@ -91,8 +103,13 @@ def apply_fsdp(root: nn.Module, units: Sequence[nn.Module], mesh: Any, *,
 
     comms = timed_comms()
     sharded: list[Any] = []
-    for unit in units:
-        if any(True for _ in unit.parameters()):
+    tied = _tied_units(units)
+    for i, unit in enumerate(units):
+        # A unit sharing a parameter with another unit (an embedding tied to the output
+        # layer) is left to the root's group: FSDP2 refuses, at the first forward, a
+        # parameter that two sibling groups manage. The tied units stay whole during
+        # the forward and backward, as the root's own parameters do.
+        if i not in tied and any(True for _ in unit.parameters()):
             sharded.append(fully_shard(unit, mesh=mesh,
                                        reshard_after_forward=reshard_after_forward))
     sharded.append(fully_shard(root, mesh=mesh, reshard_after_forward=reshard_after_forward))

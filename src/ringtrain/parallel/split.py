@@ -104,6 +104,7 @@ def split_units(model: nn.Module, stages: int,
     """The units of each stage; ``split`` is ``"params"`` or the split-point names."""
     units = pipeline_units(model)
     names = [name for name, _ in units]
+    _check_all_state_in_units(model, units)
     if stages > len(units):
         raise ConfigError(
             f"{stages} pipeline stages but the model has only {len(units)} unit(s) "
@@ -121,6 +122,21 @@ def split_units(model: nn.Module, stages: int,
     groups = [units[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]
     _check_no_shared_parameters(groups)
     return groups
+
+
+def _check_all_state_in_units(model: nn.Module, units: Sequence[tuple[str, nn.Module]]) -> None:
+    # A stage runs only its units: a parameter or buffer held by the model itself (or by
+    # an opened ModuleList / Sequential) is in no stage, so the pipeline would silently
+    # compute without it (and never train or save it).
+    held = {id(t) for _, unit in units for t in (*unit.parameters(), *unit.buffers())}
+    for kind, named in (("parameter", model.named_parameters()),
+                        ("buffer", model.named_buffers())):
+        for name, tensor in named:
+            if id(tensor) not in held:
+                raise ConfigError(
+                    f"{kind} {name} belongs to no pipeline unit (units: "
+                    f"{', '.join(n for n, _ in units)}); a pipeline runs only the units, in "
+                    "order, so move it into one of them (e.g. a small module that applies it)")
 
 
 def _check_no_shared_parameters(groups: Sequence[Sequence[tuple[str, nn.Module]]]) -> None:

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 from torch import nn
 
-from ringtrain.errors import ConfigError
+from ringtrain.errors import CheckpointError, ConfigError
 from ringtrain.parallel import parallelize
 
 
@@ -76,3 +77,23 @@ def test_save_and_load_round_trip_model_and_optimizer(tmp_path: Path) -> None:
     assert all(torch.equal(a[k], b[k]) for k in a)
     # The optimizer's moments came along: the next steps agree exactly.
     assert par.step(*_data(9), optimizer=opt) == other.step(*_data(9), optimizer=oopt)
+
+
+@pytest.mark.parametrize(("save_opt", "other", "with_opt", "word"), [
+    (False, _model, True, r"no optimizer state.*par\.load\(path\) and no optimizer"),
+    (True, lambda: nn.Sequential(nn.Linear(6, 32), nn.Tanh(), nn.Linear(32, 2)), False,
+     r"Size mismatch.*another model"),
+])
+def test_a_checkpoint_that_does_not_fit_is_a_one_line_error(
+        tmp_path: Path, save_opt: bool, other: Any, with_opt: bool, word: str) -> None:
+    # Before: DCP's CheckpointException, a BaseException (`except Exception` misses it)
+    # whose text is a torch traceback per rank.
+    par = parallelize(_model(), nn.functional.mse_loss)
+    opt = torch.optim.AdamW(par.parameters(), lr=1e-2)
+    par.step(*_data(0), optimizer=opt)
+    par.save(str(tmp_path / "a.dcp"), opt if save_opt else None)
+    target = parallelize(other(), nn.functional.mse_loss)
+    topt = torch.optim.AdamW(target.parameters(), lr=1e-2) if with_opt else None
+    with pytest.raises(CheckpointError, match=word) as info:
+        target.load(str(tmp_path / "a.dcp"), topt)
+    assert "\n" not in str(info.value)

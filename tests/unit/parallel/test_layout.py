@@ -72,3 +72,19 @@ def test_sharding_one_replica_shards_nothing() -> None:
     assert not Layout(shard=True).resolve(1).sharded
     assert Layout(shard=True).resolve(2).sharded
     assert not Layout(shard=False).resolve(2).sharded
+
+
+@pytest.mark.parametrize(("kwargs", "ok"), [
+    ({"pipeline": 2, "microbatches": 1}, False),
+    ({"pipeline": 3, "microbatches": 2, "schedule": "1F1B"}, False),
+    ({"pipeline": 2, "microbatches": 2}, True),
+    ({"pipeline": 2, "microbatches": 1, "schedule": "gpipe"}, True),  # GPipe has no such limit
+])
+def test_1f1b_needs_as_many_microbatches_as_stages(kwargs: dict, ok: bool) -> None:
+    # Before: accepted here, then torch's Schedule1F1B raised a bare ValueError on every
+    # rank from inside parallelize(), after the mesh was built.
+    if ok:
+        Layout(**kwargs)
+        return
+    with pytest.raises(ConfigError, match=r"1f1b needs at least as many micro-batches.*gpipe"):
+        Layout(**kwargs)
