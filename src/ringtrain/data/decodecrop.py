@@ -142,6 +142,11 @@ class DecodeCrop:
         self.size = _check_size(size)
         self.scale = check_range("scale", scale)
         self.ratio = check_range("ratio", ratio)
+        if isinstance(flip, bool):
+            # flip=True read as "random flips on" but was the probability 1.0: every
+            # image mirrored, no flip augmentation at all.
+            raise DataError(f"flip is a probability, got {flip!r}; pass 0.5 for a random "
+                            "mirror (torchvision's RandomHorizontalFlip), 1.0 for always, 0.0 for never")
         if not isinstance(flip, (int, float)) or not 0.0 <= flip <= 1.0:
             raise DataError(f"flip must be a probability in [0, 1], got {flip!r}")
         self.flip = float(flip)

@@ -216,6 +216,11 @@ class WorkerFeed:
         self._built.clear()
         self._ready.clear()
         self._split.clear()
+        # Everything sent so far went to workers that are stopped now: a loader
+        # iterated again after close() must not adopt the next epoch's batches those
+        # workers had been given (it waited for answers that never come and raised
+        # "cannot schedule batch 0 ... this is a bug").
+        self._window.abandon()
         if self.stager is not None:
             try:
                 self.stager.clear()

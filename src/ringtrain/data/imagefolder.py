@@ -70,7 +70,8 @@ class ImageFolder:
         transform: applied to the decoded image (or to the bytes, ``decode=False``).
         decode: decode with :func:`ringtrain.data.decode.decode_image` (the fastest
             JPEG decoder installed); ``False`` hands out the file's bytes.
-        extensions: file name endings that count as images (case-insensitive).
+        extensions: file name endings that count as images (case-insensitive); one
+            ending may be given as a str.
     """
 
     def __init__(self, root: str | os.PathLike[str],
@@ -81,6 +82,8 @@ class ImageFolder:
             raise DataError(f"image folder {self.root} is not a directory")
         self.transform = transform
         self.decode = decode
+        if isinstance(extensions, str):  # one ending, not its characters (".jpg" matched ".png")
+            extensions = (extensions,)
         exts = tuple(e.lower() for e in extensions)
         self.classes = sorted(e.name for e in os.scandir(self.root) if e.is_dir())
         if not self.classes:

@@ -21,6 +21,7 @@ import logging
 import math
 import numbers
 import time
+import warnings
 import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -212,6 +213,22 @@ class Loader:
         if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
                                     or not 0 < timeout < math.inf):
             raise DataError(f"timeout must be a number of seconds > 0, or None for no limit, got {timeout!r}")
+        if max_workers is not None and (isinstance(max_workers, bool)
+                                        or not isinstance(max_workers, int) or max_workers < 1):
+            raise DataError(f"max_workers must be an int >= 1 (or None: twice the CPU budget), "
+                            f"got {max_workers!r}")
+        if max_workers is not None and num_workers != "auto":
+            warnings.warn(f"max_workers={max_workers} has no effect with num_workers="
+                          f"{num_workers!r}: it bounds num_workers='auto' only", stacklevel=2)
+        for name, place in (("rank", rank), ("world_size", world_size)):
+            # A str from os.environ failed later with "'<=' not supported between
+            # instances of 'int' and 'str'"; a float rank gave float sample positions.
+            if place is not None and (isinstance(place, bool) or not isinstance(place, numbers.Integral)):
+                raise DataError(f"{name} must be an int, got {place!r}; convert it, e.g. "
+                                f"{name}=int(os.environ[...]), or leave rank and world_size "
+                                "unset to use rt.init()'s")
+        if world_size is not None and world_size < 1:
+            raise DataError(f"world_size must be >= 1, got {world_size!r}")
         if (rank is None) != (world_size is None):
             raise DataError("pass rank and world_size together (or neither, to use rt.init()'s)")
         if world_size is not None and rank is not None and not 0 <= rank < world_size:
@@ -228,7 +245,8 @@ class Loader:
         except (RuntimeError, TypeError) as err:
             raise DataError(f"device {device!r} is not a torch device ({err}); give e.g. 'cpu' or 'cuda:0'") from None
         self.timeout = timeout
-        self._rank, self._world_size = rank, world_size
+        self._rank = None if rank is None else int(rank)
+        self._world_size = None if world_size is None else int(world_size)
         self._cuda = self.device.type == "cuda"
         self._pin = self._cuda if pin_memory is None else bool(pin_memory) and self._cuda
         self._device_depth = device_prefetch
@@ -244,6 +262,7 @@ class Loader:
             self.cpu_budget = cpu_budget(share=_runtime_world()[2])
             start = initial_workers(self.cpu_budget)
             high = max_workers or max(start, 2 * max(1, int(self.cpu_budget.cpus)))
+            start = min(start, high)  # max_workers bounds the first count too, not only growth
             self._tuner = Autotuner(start, low=1, high=high)
             self.num_workers = start
             log.info("num_workers=auto -> %d (%s)", start, self.cpu_budget.describe())
@@ -267,6 +286,8 @@ class Loader:
         # the epoch set_epoch() finds nothing left in.
         self._finished: int | None = None
         self._restored_finished: int | None = None
+        self._pending_epoch: int | None = None  # set_epoch() during a pass: the next pass's
+        self._workers_len = 0  # len(dataset) when the running workers started
         self._plan: EpochPlan | ShardPlan | None = None
         self._gen = 0
         self._active = False
@@ -304,6 +325,19 @@ class Loader:
         """
         if not isinstance(epoch, int) or epoch < 0:
             raise DataError(f"epoch must be an int >= 0, got {epoch!r}")
+        self._settle()
+        if self._active:
+            # Called during a pass: that pass goes on in its own order and ``epoch`` is
+            # the next one's, as DistributedSampler.set_epoch is for a DataLoader.
+            # (Before: the pass's next batch raised a bare AssertionError.) The epoch of
+            # the pass itself changes nothing: the next pass is the one after it.
+            plan = self._plan
+            self._pending_epoch = None if plan is not None and epoch == plan.epoch else epoch
+            return
+        self._pending_epoch = None
+        self._use_epoch(epoch)
+
+    def _use_epoch(self, epoch: int) -> None:
         finished, self._restored_finished = self._restored_finished, None
         if epoch == finished and self._epoch == epoch + 1 and self._start == 0:
             self._finished = None
@@ -320,9 +354,15 @@ class Loader:
         return self._epoch
 
     def __iter__(self) -> Iterator[Any]:
+        self._settle()
         if self._active:
             self._abandon()
+        self._sync()
         self._check_dataset()
+        if not self._finalizer.alive:
+            # close() ran (or a with-block ended): this iteration starts fresh workers,
+            # which need a finalizer again, or they outlived the loader until exit.
+            self._finalizer = weakref.finalize(self, self._feed.close)
         if self._sharded and self._start_world not in (None, self._shard()[1]):
             self.load_state_dict(self.state_dict())  # re-cut the rest for this world size
         plan = self._make_plan(self._epoch, self._start, self._resumed)
@@ -339,6 +379,18 @@ class Loader:
         self._gap_from = None
         self._active = True
         if self.num_workers > 0:
+            pool = self._feed.pool
+            running = pool is not None and not pool.closed
+            if running and len(self.dataset) != self._workers_len:
+                # The workers hold the dataset as it was when they started (a fork's
+                # copy): one that has since grown or shrunk is started afresh, or they
+                # failed on the new indices or read the old samples.
+                log.info("the dataset changed length (%d -> %d samples): starting fresh "
+                         "loader workers", self._workers_len, len(self.dataset))
+                self._feed.close()
+                running = False
+            if not running:
+                self._workers_len = len(self.dataset)
             self._feed.start(self.num_workers)
             # The epoch after this one, as it will be unless set_epoch/load_state_dict
             # say otherwise: its first batches load while this epoch ends.
@@ -347,6 +399,7 @@ class Loader:
 
     def state_dict(self) -> dict[str, Any]:
         """Where the loop stands: resume with :meth:`load_state_dict`, no replay."""
+        self._sync()
         if self._active and self._plan is not None:
             epoch, position = self._plan.epoch, self._plan.position_after(self._yielded)
             resumed = self._plan.resumed if isinstance(self._plan, ShardPlan) else ()
@@ -409,6 +462,7 @@ class Loader:
                             f"{state.get('layout')!r}) but this loader reads a map-style one")
         if self._active:
             self._abandon()
+        self._pending_epoch = None  # the state says where the next pass starts
         self._epoch, self._start, self._resumed = self._normalise(epoch, position, resumed)
         finished = state.get("finished_epoch")
         self._finished = self._restored_finished = (
@@ -420,7 +474,8 @@ class Loader:
         self._plan = None
 
     def close(self) -> None:
-        """Stop the workers and free the shared memory (also done at exit)."""
+        """Stop the workers and free the shared memory (also done at exit). Iterating
+        again afterwards starts fresh workers."""
         self._active = False
         self._finalizer()
 
@@ -584,10 +639,7 @@ class Loader:
         plan = self._plan
         assert plan is not None
         if self._yielded >= plan.num_batches:
-            self._active = False
-            self._epoch, self._start, self._resumed = plan.epoch + 1, 0, ()
-            self._start_world = None
-            self._finished = plan.epoch
+            self._settle()
             raise StopIteration
         t0 = time.perf_counter()
         try:
@@ -628,6 +680,26 @@ class Loader:
                 self._set_workers(change)
         self._gap_from = time.perf_counter()
         return batch
+
+    def _settle(self) -> None:
+        """End the iteration that has handed out every batch of its epoch: the next one
+        is the next epoch's. Also when the loop never asked for a batch past the last
+        (``itertools.islice(loader, len(loader))``, ``zip(range(len(loader)), loader)``,
+        ``next(it)`` ``len(loader)`` times): such passes used to run the same epoch, in
+        the same order, again and again, while state_dict() said the next one."""
+        plan = self._plan
+        if self._active and plan is not None and self._yielded >= plan.num_batches:
+            self._active = False
+            self._epoch, self._start, self._resumed = plan.epoch + 1, 0, ()
+            self._start_world = None
+            self._finished = plan.epoch
+
+    def _sync(self) -> None:
+        """Outside a pass, the epoch a set_epoch() during the last one asked for."""
+        self._settle()
+        if not self._active and self._pending_epoch is not None:
+            epoch, self._pending_epoch = self._pending_epoch, None
+            self._use_epoch(epoch)
 
     def _load_here(self, k: int, pinned: bool) -> Any:
         """Load batch ``k`` in this process (num_workers=0)."""

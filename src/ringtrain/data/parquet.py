@@ -51,12 +51,27 @@ def _column(col: Any) -> Any:
     return arr.to_pylist()
 
 
+def _check_columns(columns: list[str] | None, schema: Any, path: str) -> None:
+    """Refuse a column the file does not have: pyarrow skips unknown names without a
+    word, so a misspelt column made every row an empty dict (or lacked that field)."""
+    if columns is None:
+        return
+    top = schema.to_arrow_schema().names
+    leaves = [schema.column(i).path for i in range(len(schema))]
+    for c in columns:
+        # a top-level column, or a nested field's dotted path (or a prefix of one)
+        if c not in top and not any(p == c or p.startswith(c + ".") for p in leaves):
+            raise DataError(f"Parquet file {path} has no column {c!r}; its columns are "
+                            f"{top[:20]}")
+
+
 class ParquetDataset(Shards):
     """Rows of Parquet files as a sharded dataset (one shard per row group).
 
     Args:
         paths: files (paths or URLs).
-        columns: read only these columns (default: all).
+        columns: read only these columns (default: all; one may be given as a str); a
+            name the files lack is a DataError.
         transform: ``f(row dict) -> sample``, run in the workers.
         cache: where files by URL are downloaded (default: a :class:`ShardCache`).
     """
@@ -66,6 +81,8 @@ class ParquetDataset(Shards):
                  cache: ShardCache | None = None) -> None:
         pq = _pq()
         self.paths = [paths] if isinstance(paths, str) else [str(p) for p in paths]
+        if isinstance(columns, str):  # one column, not its characters
+            columns = [columns]
         self.columns = None if columns is None else list(columns)
         self.cache = cache or ShardCache()
         self._groups: list[tuple[int, int]] = []  # shard -> (file, row group)
@@ -77,6 +94,7 @@ class ParquetDataset(Shards):
                     meta = pq.ParquetFile(src).metadata
             except (OSError, ValueError) as err:
                 raise DataError(f"cannot read Parquet file {path}: {err}") from None
+            _check_columns(self.columns, meta.schema, path)
             for g in range(meta.num_row_groups):
                 self._groups.append((f, g))
                 names.append(f"{path} row group {g}")

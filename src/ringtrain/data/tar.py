@@ -184,13 +184,16 @@ class TarShards(Shards):
         sizes: samples per shard (skips indexing every shard up front).
         transform: ``f(sample dict) -> sample`` (e.g. decode the image), run in workers.
         cache: where shards by URL are downloaded (default: a :class:`ShardCache`).
-        fields: keep only these fields of each sample (default: all).
+        fields: keep only these fields of each sample (default: all; one field may be
+            given as a str).
     """
 
     def __init__(self, shards: str | Sequence[str], sizes: Sequence[int] | None = None,
                  transform: Callable[[dict[str, Any]], Any] | None = None,
                  cache: ShardCache | None = None, fields: Sequence[str] | None = None) -> None:
         self.cache = cache or ShardCache()
+        if isinstance(fields, str):  # one field, not its characters (every field was dropped)
+            fields = (fields,)
         self.fields = None if fields is None else frozenset(fields)
         names, listed = _shard_list(shards)
         sizes = sizes if sizes is not None else listed

@@ -212,6 +212,14 @@ def _worker_main(wid: int, num_workers: int, conn: Connection, dataset: Any,
         except OSError:
             pass
     _WORKER_INFO = WorkerInfo(wid, num_workers, seed, dataset)
+    if not seed_batches:
+        # A forked worker starts with the training process's RNG states, and torch's
+        # generator is not reseeded at fork: without per-batch seeds every worker drew
+        # the same numbers (torch.rand augmentations repeated from worker to worker, the
+        # two halves of a first batch alike). A seed of its own, from the OS, as
+        # DataLoader gives each worker (also what torch.initial_seed() says to a
+        # worker_init_fn).
+        _seed_batch(int(np.random.SeedSequence().generate_state(1, np.uint64)[0] >> 1))
     seed_halves = seed_batches and halves(dataset, collate_fn)
     slots = WorkerSlots()
     indexers: dict[int, BatchIndexer | ShardIndexer] = {}

@@ -190,6 +190,8 @@ def test_progressive_jpeg_is_not_region_decoded(photos: list[bytes]) -> None:
     ({"scale": (0.5, 0.1)}, "scale must be (low, high)"),
     ({"ratio": "wide"}, "ratio must be a (low, high) pair"),
     ({"flip": 2}, "flip must be a probability"),
+    # Before: flip=True was taken as the probability 1.0 (every image mirrored).
+    ({"flip": True}, "flip is a probability, got True; pass 0.5 for a random mirror"),
     ({"device": "tpu"}, "device must be 'cpu' or 'cuda'"),
 ])
 def test_bad_arguments_are_one_line_errors(kwargs: dict, message: str) -> None:

@@ -138,6 +138,13 @@ def test_image_folder_errors(tmp_path: Path) -> None:
         ImageFolder(tmp_path)
 
 
+def test_image_folder_takes_one_extension_as_a_str(folder: Path) -> None:
+    # Before: extensions=".jpg" was split into its characters, so every file ending in
+    # "j", "p", "g" or "." was listed: the .png files too (and any .svg).
+    (folder / "dog" / "drawing.svg").write_text("<svg/>")
+    ds = ImageFolder(folder, extensions=".jpg")
+    assert len(ds) == 3 and all(ds.path(i).suffix == ".jpg" for i in range(len(ds)))
+
 # ---- WebDataset tar shards -----------------------------------------------------------
 def _write_tar(path: Path, first: int, n: int) -> None:
     with tarfile.open(path, "w") as tf:
@@ -169,6 +176,14 @@ def test_tar_shards_group_members_into_samples(tmp_path: Path) -> None:
     with pytest.raises(DataError, match="cannot read tar shard"):
         (tmp_path / "bad.tar").write_bytes(b"x" * 700)
         TarShards([str(tmp_path / "bad.tar")])
+
+
+def test_tar_shards_take_one_field_as_a_str(tmp_path: Path) -> None:
+    # Before: fields="cls" became the set of its characters, so every field was dropped
+    # and each sample was {"__key__": ...} alone.
+    _write_tar(tmp_path / "s.tar", 0, 2)
+    assert TarShards([str(tmp_path / "s.tar")], fields="cls")[1] == {"__key__": "train/00001",
+                                                                     "cls": b"1"}
 
 
 def test_tar_shards_read_what_the_webdataset_package_writes(tmp_path: Path) -> None:
@@ -221,6 +236,21 @@ def test_parquet_errors_name_the_file(tmp_path: Path) -> None:
     (tmp_path / "junk.parquet").write_bytes(b"not parquet")
     with pytest.raises(DataError, match="junk.parquet"):
         ParquetDataset(str(tmp_path / "junk.parquet"))
+
+
+def test_parquet_columns_a_str_or_a_name_the_file_lacks(tmp_path: Path) -> None:
+    # Before: columns="y" became ["y"]'s characters and a misspelt name was skipped by
+    # pyarrow without a word: every row read as {} (or without that field).
+    pa = pytest.importorskip("pyarrow", reason="needs the formats extra: pip install "
+                                               "-e '.[formats]'")
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"label": [1, 2], "s": [{"a": 1}, {"a": 2}]}), tmp_path / "a.parquet")
+    path = str(tmp_path / "a.parquet")
+    assert ParquetDataset(path, columns="label")[1] == {"label": 2}
+    assert ParquetDataset(path, columns=["s.a"])[0] == {"s": {"a": 1}}  # a nested field
+    with pytest.raises(DataError, match=r"a.parquet has no column 'lable'; its columns are \['label', 's'\]"):
+        ParquetDataset(path, columns=["label", "lable"])
 
 
 # ---- the record store, by shard ------------------------------------------------------

@@ -60,6 +60,15 @@ def make(n: int = 1000, **kw: Any) -> Loader:
     (dict(num_workers="many"), "num_workers"), (dict(rank=1), "together"),
     (dict(rank=3, world_size=2), "outside"), (dict(seed=-1), "seed"),
     (dict(prefetch=0), "prefetch"), (dict(keep=0), "keep"),
+    # Before: a rank from os.environ raised TypeError "'<=' not supported between
+    # instances of 'int' and 'str'", a float rank was accepted (float sample positions),
+    # and max_workers=0 meant the default, a negative one was taken as the bound.
+    (dict(rank="0", world_size="2"), "rank must be an int"),
+    (dict(rank=0, world_size=2.0), "world_size must be an int"),
+    (dict(rank=1.0, world_size=2), "rank must be an int"),
+    (dict(num_workers="auto", max_workers=0), "max_workers"),
+    (dict(num_workers="auto", max_workers=-3), "max_workers"),
+    (dict(num_workers="auto", max_workers=2.5), "max_workers"),
 ])
 def test_bad_arguments_are_clear_errors(kwargs: dict, match: str) -> None:
     with pytest.raises(DataError, match=match):
@@ -245,3 +254,22 @@ def test_auto_workers_are_visible(caplog: pytest.LogCaptureFixture) -> None:
     assert loader.cpu_budget is not None
     assert any("num_workers=auto ->" in r.getMessage() for r in caplog.records)
     loader.close()
+
+
+def test_max_workers_bounds_the_first_auto_count(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Before: on a budget of 2 CPUs, num_workers="auto" with max_workers=1 started 2
+    # workers (max_workers bounded only the tuner's growth).
+    import ringtrain.data.loader as loader_mod
+    from ringtrain.cpus import CpuBudget
+
+    monkeypatch.setattr(loader_mod, "cpu_budget",
+                        lambda share=1: CpuBudget(affinity=4, quota=None, share=1))
+    loader = Loader(Indexed(10), num_workers="auto", max_workers=1, device="cpu")
+    assert loader.num_workers == 1
+    loader.close()
+
+
+def test_max_workers_without_auto_is_a_warning() -> None:
+    # Before: accepted and silently ignored.
+    with pytest.warns(UserWarning, match="max_workers=1 has no effect with num_workers=0"):
+        make(num_workers=0, max_workers=1).close()
