@@ -19,7 +19,13 @@ from ringtrain.horovod import ops
 from ringtrain.horovod._coordinator import ProcessSet
 from ringtrain.horovod.basics import global_process_set, rank
 from ringtrain.horovod.compression import Compression, Compressor
-from ringtrain.horovod.handles import Average, Sum, handle_average_backwards_compatibility, synchronize
+from ringtrain.horovod.handles import (
+    Average,
+    Sum,
+    check_tensor,
+    handle_average_backwards_compatibility,
+    synchronize,
+)
 
 __all__ = ["allgather", "allreduce", "allreduce_", "alltoall", "broadcast", "broadcast_",
            "grouped_allgather", "grouped_allreduce", "grouped_allreduce_", "grouped_reducescatter",
@@ -45,6 +51,7 @@ def allreduce(tensor: torch.Tensor, average: bool | None = None, name: str | Non
               process_set: ProcessSet = global_process_set) -> torch.Tensor:
     """Reduce a copy of ``tensor`` over the process set (default: average)."""
     op = handle_average_backwards_compatibility(op, average)
+    check_tensor("allreduce", tensor)
     wire, ctx = compression.compress(tensor)
     out = _Allreduce.apply(wire, op, name, prescale_factor, postscale_factor, process_set)
     return compression.decompress(out, ctx)
@@ -77,6 +84,9 @@ def grouped_allreduce(tensors: Sequence[torch.Tensor], average: bool | None = No
                       op: int | None = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                       process_set: ProcessSet = global_process_set) -> list[torch.Tensor]:
     op = handle_average_backwards_compatibility(op, average)
+    tensors = list(tensors)  # a generator is read once
+    for t in tensors:
+        check_tensor("grouped_allreduce", t)
     packed = [compression.compress(t) for t in tensors]
     outs = _GroupedAllreduce.apply(op, name, prescale_factor, postscale_factor, process_set,
                                    *[w for w, _ in packed])
@@ -109,6 +119,7 @@ class _Allgather(torch.autograd.Function):
 def allgather(tensor: torch.Tensor, name: str | None = None,
               process_set: ProcessSet = global_process_set) -> torch.Tensor:
     """Concatenate every member's ``tensor`` along dim 0 (first dimensions may differ)."""
+    check_tensor("allgather", tensor)
     return _Allgather.apply(tensor, name, process_set)  # type: ignore[no-any-return]
 
 
@@ -131,6 +142,9 @@ class _GroupedAllgather(torch.autograd.Function):
 
 def grouped_allgather(tensors: Sequence[torch.Tensor], name: str | None = None,
                       process_set: ProcessSet = global_process_set) -> list[torch.Tensor]:
+    tensors = list(tensors)  # a generator is read once
+    for t in tensors:
+        check_tensor("grouped_allgather", t)
     return list(_GroupedAllgather.apply(name, process_set, *tensors))
 
 
@@ -211,6 +225,7 @@ def reducescatter(tensor: torch.Tensor, name: str | None = None, compression: Co
                   op: int = Average, process_set: ProcessSet = global_process_set,
                   prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> torch.Tensor:
     """Reduce over the process set and keep this rank's share of dim 0."""
+    check_tensor("reducescatter", tensor)
     wire, ctx = compression.compress(tensor)
     out = _Reducescatter.apply(wire, name, op, process_set, prescale_factor, postscale_factor)
     return compression.decompress(out, ctx)
@@ -234,6 +249,9 @@ def grouped_reducescatter(tensors: Sequence[torch.Tensor], name: str | None = No
                           compression: Compressor = Compression.none, op: int = Average,
                           process_set: ProcessSet = global_process_set, prescale_factor: float = 1.0,
                           postscale_factor: float = 1.0) -> list[torch.Tensor]:
+    tensors = list(tensors)  # a generator is read once
+    for t in tensors:
+        check_tensor("grouped_reducescatter", t)
     packed = [compression.compress(t) for t in tensors]
     outs = _GroupedReducescatter.apply(name, op, process_set, prescale_factor, postscale_factor,
                                        *[w for w, _ in packed])

@@ -96,9 +96,15 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int, 
     """
     if isinstance(optimizer, torch.optim.LBFGS):
         raise ValueError("cannot broadcast torch.optim.LBFGS state")
+    from ringtrain.horovod.optimizer import _AdasumOptimizer
     from ringtrain.optimizer import DistributedOptimizer as _Core
 
     inner = optimizer.wrapped if isinstance(optimizer, _Core) else optimizer
+    if isinstance(optimizer, _AdasumOptimizer):
+        # Its step() combines the update with Adasum over the ranks: the state-building
+        # step below, taken only by the ranks without a state (a resume where rank 0
+        # loaded a checkpoint), waited for an allreduce the others never submit.
+        inner = optimizer.__dict__["_inner"]
     if not isinstance(inner, torch.optim.Optimizer):  # hvd.DiLoCo / hvd.LocalSGD: root's state as is
         replicate.broadcast_optimizer_state(inner, root_rank)
         return

@@ -21,7 +21,7 @@ from ringtrain.horovod._coordinator import Meta, PendingOp, ProcessSet, Request
 from ringtrain.horovod.basics import engine, global_process_set
 
 __all__ = ["Adasum", "Average", "HorovodInternalError", "HorovodUsageError", "Max", "Min", "Product",
-           "Sum", "handle_average_backwards_compatibility", "horovod_errors", "meta_for", "op_name",
+           "Sum", "check_tensor", "handle_average_backwards_compatibility", "horovod_errors", "meta_for", "op_name",
            "poll", "set_id",
            "submit", "submit_many", "synchronize", "unique_name"]
 
@@ -86,10 +86,17 @@ def _dtype_name(t: torch.Tensor) -> str:
     return str(t.dtype).replace("torch.", "")
 
 
+def check_tensor(kind: str, tensor: Any) -> None:
+    """Horovod's collectives take torch tensors; a list or a NumPy array reached
+    ``.dim()`` or the compressor first and failed there with an AttributeError."""
+    if not isinstance(tensor, torch.Tensor):
+        raise ValueError(f"{kind} needs a torch.Tensor, got {type(tensor).__name__}; "
+                         "convert it first, e.g. torch.as_tensor(x)")
+
+
 def meta_for(kind: str, tensor: torch.Tensor, name: str | None, process_set: ProcessSet | None,
              **fields: Any) -> Meta:
-    if not isinstance(tensor, torch.Tensor):
-        raise ValueError(f"{kind} needs a torch.Tensor, got {type(tensor).__name__}")
+    check_tensor(kind, tensor)
     sid = set_id(process_set)
     return Meta(unique_name(kind, name, sid), kind, sid, _dtype_name(tensor), tuple(tensor.shape),
                 device=tensor.device.type, **fields)

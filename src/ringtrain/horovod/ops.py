@@ -20,6 +20,7 @@ from ringtrain.horovod.handles import (
     Average,
     HorovodUsageError,
     Sum,
+    check_tensor,
     handle_average_backwards_compatibility,
     horovod_errors,
     meta_for,
@@ -43,9 +44,22 @@ def _check_factors(prescale_factor: float, postscale_factor: float) -> tuple[flo
     return float(prescale_factor), float(postscale_factor)
 
 
+def _check_bool(kind: str, tensor: torch.Tensor, op: int, pre: float, post: float) -> None:
+    # Horovod refuses bool tensors in reductions. Sum/Min/Max/Product of bools are the
+    # logical any/all here, but an average or a scale factor truncates back to bool:
+    # [True, True] averaged over 2 ranks came back [False, False], silently.
+    if isinstance(tensor, torch.Tensor) and tensor.dtype == torch.bool \
+            and (op == Average or pre != 1.0 or post != 1.0):
+        raise ValueError(f"{kind} of a bool tensor with op=hvd.{op_name(op).capitalize()}, "
+                         f"prescale_factor={pre:g}, postscale_factor={post:g} truncates the result "
+                         "back to bool; cast it first (tensor.int() or .float()), or use op=hvd.Max "
+                         "(any rank True) or op=hvd.Min (every rank True)")
+
+
 def _allreduce_meta(tensor: torch.Tensor, name: str | None, op: int, prescale_factor: float,
                     postscale_factor: float, process_set: ProcessSet) -> Meta:
     pre, post = _check_factors(prescale_factor, postscale_factor)
+    _check_bool("allreduce", tensor, op, pre, post)
     if op == Adasum and not tensor.is_floating_point():
         raise ValueError(f"Adasum needs a floating-point tensor, got {tensor.dtype}")
     return meta_for("allreduce", tensor, name, process_set, op=op_name(op), prescale=pre, postscale=post)
@@ -133,6 +147,9 @@ def allgather_async(tensor: torch.Tensor, name: str | None = None,
 
 def grouped_allgather_async(tensors: Sequence[torch.Tensor], name: str | None = None,
                             process_set: ProcessSet = global_process_set) -> int:
+    tensors = list(tensors)  # a generator is read once
+    for t in tensors:
+        check_tensor("grouped_allgather", t)
     base = unique_name("grouped_allgather", name, set_id(process_set))
     metas, reqs = [], []
     for i, t in enumerate(tensors):
@@ -163,6 +180,7 @@ def broadcast_async_(tensor: torch.Tensor, root_rank: int, name: str | None = No
 def alltoall_async(tensor: torch.Tensor, splits: Any = None, name: str | None = None,
                    process_set: ProcessSet = global_process_set) -> int:
     """Send ``splits[i]`` rows to member i; the handle gives ``(output, received_splits)``."""
+    check_tensor("alltoall", tensor)
     n = process_set.size()
     rows = tensor.shape[0] if tensor.dim() else 1
     if splits is None:
@@ -205,6 +223,7 @@ def _reducescatter_meta(tensor: torch.Tensor, name: str | None, op: int, process
     if tensor.dim() == 0:
         raise HorovodUsageError("reducescatter splits the first dimension; a scalar has none")
     pre, post = _check_factors(prescale_factor, postscale_factor)
+    _check_bool("reducescatter", tensor, op, pre, post)
     meta = meta_for("reducescatter", tensor, name, process_set, op=op_name(op), prescale=pre, postscale=post)
     return meta if base is None else replace(meta, name=base)
 
@@ -219,6 +238,7 @@ def reducescatter_async(tensor: torch.Tensor, name: str | None = None, op: int =
 def grouped_reducescatter_async(tensors: Sequence[torch.Tensor], name: str | None = None,
                                 op: int = Average, process_set: ProcessSet = global_process_set,
                                 prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> int:
+    tensors = list(tensors)  # read twice below: a generator would be empty the second time
     base = unique_name("grouped_reducescatter", name, set_id(process_set))
     metas = [_reducescatter_meta(t, None, op, process_set, prescale_factor, postscale_factor, f"{base}.{i}")
              for i, t in enumerate(tensors)]

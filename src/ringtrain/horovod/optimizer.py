@@ -26,6 +26,7 @@ import torch
 
 from ringtrain import collectives
 from ringtrain.collectives import Handle, ReduceOp
+from ringtrain.errors import ConfigError, OptimizerUsageError
 from ringtrain.horovod._coordinator import Meta, ProcessSet, Request
 from ringtrain.horovod.basics import engine, global_process_set
 from ringtrain.horovod.compression import Compression, Compressor
@@ -47,7 +48,11 @@ class Negotiated:
         self.prefix = prefix
 
     def group_size(self) -> int:
-        return self.process_set.size()
+        # The size the core optimizer averages over (it pre-scales the bucket by 1/size
+        # before handing it here). A rank outside the set exchanges nothing and steps on
+        # its own gradients, as in Horovod, so for it the "average" is over itself alone:
+        # with the set's size its local gradient was divided by it, silently.
+        return self.process_set.size() if self.process_set.included() else 1
 
     def signature(self) -> dict[str, str]:
         return {"strategy": "horovod", "process_set": str(self.process_set.ranks)}
@@ -93,6 +98,7 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name: a factory, as Horovod'
                       "buckets of fusion_mb (RINGTRAIN_FUSION_MB / HOROVOD_FUSION_THRESHOLD)",
                       stacklevel=2)
     if op == Adasum:
+        _check_names(optimizer, pairs)
         return _AdasumOptimizer(optimizer, pairs, compression, backward_passes_per_step, process_set)
     if op not in (Average, Sum):
         raise ValueError(f"DistributedOptimizer combines gradients with hvd.Average, hvd.Sum or "
@@ -100,10 +106,15 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name: a factory, as Horovod'
     if gradient_predivide_factor != 1.0 and op != Average:
         raise ValueError("gradient_predivide_factor not supported with op != Average")
     set_id(process_set)  # registered?
+    _check_compression(compression)
     _fresh_state(optimizer)
     strategy = Negotiated(process_set, f"opt{next(_instances)}")
+    # A rank outside the set exchanges nothing: its gradients stay as backward left them,
+    # as in Horovod (no hooks there); compressed, they went through fp16 for nothing
+    # (rounded, and inf above 65504).
+    wire = compression if process_set.included() else Compression.none
     wrapped = _Core(
-        optimizer, named_parameters=pairs, compression=compression,  # type: ignore[arg-type]
+        optimizer, named_parameters=pairs, compression=wire,  # type: ignore[arg-type]
         backward_passes_per_step=backward_passes_per_step,
         op=collectives.Average if op == Average else collectives.Sum,
         gradient_predivide_factor=gradient_predivide_factor, strategy=strategy,
@@ -114,6 +125,41 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name: a factory, as Horovod'
     )
     wrapped.__dict__["_parameter_names"] = {p: n for n, p in pairs}
     return wrapped
+
+
+def _check_names(optimizer: torch.optim.Optimizer, pairs: list[tuple[str, torch.Tensor]]) -> None:
+    """Horovod's checks, which the core optimizer makes for the other ops: with Adasum a
+    parameter missing from ``named_parameters`` was stepped by every rank on its own and
+    never combined, so the replicas drifted apart, silently."""
+    counts = collections.Counter(n for n, _ in pairs)
+    dupes = sorted(n for n, c in counts.items() if c > 1)
+    if dupes:
+        raise ConfigError(f"named_parameters has duplicate names {dupes[:5]}: every parameter needs "
+                         "its own name (pass one model's named_parameters(), or prefix each model's names)")
+    named = {id(p) for _, p in pairs}
+    missing = [p for g in optimizer.param_groups for p in g["params"] if id(p) not in named]
+    if missing:
+        raise ConfigError(f"{len(missing)} parameter(s) of the optimizer are not in named_parameters; "
+                         "pass the same model's named_parameters() the optimizer was built from")
+
+
+def _check_compression(compression: Any) -> None:
+    """The fused exchange applies a compressor as its wire dtype only (one flat buffer per
+    bucket, cast once), so a compressor with its own ``compress``/``decompress`` (top-k,
+    scaling, Horovod's custom-compressor recipe) was accepted and never called: the
+    gradients travelled uncompressed, silently. Such a compressor is refused instead."""
+    custom = (isinstance(compression, type)  # Horovod's style: a class of staticmethods
+              or (isinstance(compression, Compressor)
+                  and (type(compression).compress is not Compressor.compress
+                       or type(compression).decompress is not Compressor.decompress)))
+    if custom:
+        name = getattr(compression, "__name__", type(compression).__name__)
+        raise ConfigError(
+            f"hvd.DistributedOptimizer(compression={name}): the optimizer's fused exchange "
+            "applies only a wire dtype (hvd.Compression.none, .fp16 or .bf16), so this "
+            "compressor's own compress()/decompress() would never be called; use one of "
+            "those, or op=hvd.Adasum (which calls it), or compress yourself with "
+            "hvd.allreduce(tensor, compression=...)")
 
 
 def _fresh_state(optimizer: torch.optim.Optimizer) -> None:
@@ -177,6 +223,15 @@ class _AdasumOptimizer:
 
     def synchronize(self) -> None:
         """Nothing to do before the step: Adasum combines the updates, after it."""
+
+    def skip_synchronize(self) -> Any:
+        # Horovod raises here too; without this method the wrapped optimizer's
+        # AttributeError ("'SGD' object has no attribute 'skip_synchronize'") was all
+        # a script following Horovod's clipping recipe got.
+        raise OptimizerUsageError(
+            "skip_synchronize() is not supported with op=hvd.Adasum (as in Horovod): Adasum "
+            "combines the ranks' updates after step(), not their gradients, so clip the "
+            "gradients right before step(), without synchronize()")
 
     def step(self, closure: Any = None) -> Any:
         params = [p for _, p in self._pairs if p.requires_grad]

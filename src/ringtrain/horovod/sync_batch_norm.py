@@ -54,6 +54,9 @@ class _SyncBN(torch.autograd.Function):
             y = y * _shape(weight, x)
         if bias is not None:
             y = y + _shape(bias, x)
+        # fp32 weights (autocast, or a half input into an fp32 model) promoted a half
+        # input's output to fp32; torch's BatchNorm and Horovod's keep the input's dtype.
+        y = y.to(x.dtype)
         ctx.save_for_backward(xhat, invstd.to(x.dtype), weight)
         ctx.count = float(count)
         stats_out.extend([mean.to(x.dtype), var.to(x.dtype), count])

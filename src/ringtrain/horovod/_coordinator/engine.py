@@ -50,11 +50,21 @@ from ringtrain.horovod._coordinator.requests import REDUCING, Meta, fusable, mis
 from ringtrain.horovod._coordinator.trace import Trace
 from ringtrain.peer_failure import Failure, classify
 
-__all__ = ["Engine", "PendingOp"]
+__all__ = ["Engine", "NegotiationError", "PendingOp"]
 
 log = logging.getLogger("ringtrain.coordinator")
 
 _JOIN = "__join__"
+
+
+class NegotiationError(CollectiveError):
+    """Every member submitted the operation, and it cannot run as asked: a broadcast root
+    outside the set, an allgather after join(), a set not registered on every rank. A
+    bug in the script, so not recoverable: as a recoverable error it became
+    ``HorovodInternalError``, and a resizable job waited for a new world that no lost
+    rank would bring, where the script's mistake should end the job at once."""
+
+    recoverable = False
 
 
 class PendingOp:
@@ -417,7 +427,7 @@ class Engine:
                 for h in mine:
                     if h is not None:
                         self._complete(h, error=MismatchError(error) if error.startswith("Mismatched")
-                                       else CollectiveError(error))
+                                       else NegotiationError(error))
                 continue
             assert group is not None
             if self.rank not in group.ranks:

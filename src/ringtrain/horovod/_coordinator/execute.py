@@ -51,6 +51,10 @@ class Request:
     output: torch.Tensor | None = None
 
 
+#: Integer dtypes whose sum over a few ranks overflows long before their average does.
+_NARROW_INTS = (torch.int8, torch.uint8, torch.int16)
+
+
 def _dtype(name: str) -> torch.dtype:
     return getattr(torch, name)  # type: ignore[no-any-return]
 
@@ -126,6 +130,11 @@ def allreduce_fused(group: Group, metas: Sequence[Meta], reqs: Sequence[Request 
         results = [_adasum(group, p) for p in parts]
     else:
         flat = torch.cat(parts) if len(parts) > 1 else parts[0].clone()
+        if first.op == "average" and dtype in _NARROW_INTS:
+            # The sum of two int8 100s wrapped to -56 and averaged to -28; summed in
+            # int64, the average (which always fits the dtype) is exact. (Horovod refuses
+            # these dtypes in allreduce; a wrapped sum is only what op=Sum promises.)
+            flat = flat.to(torch.int64)
         pg, wire = _wire(group, flat)
         inflight.hold(wire)
         dist.all_reduce(wire, op=_TORCH_OPS[first.op], group=pg)
@@ -140,7 +149,7 @@ def allreduce_fused(group: Group, metas: Sequence[Meta], reqs: Sequence[Request 
             offset += n
     out: list[Any] = []
     for meta, req, res in zip(metas, reqs, results, strict=True):
-        out.append(_deliver(req, _finish(res.reshape(meta.shape), meta, size)))
+        out.append(_deliver(req, _finish(res.reshape(meta.shape), meta, size).to(dtype)))
     return out
 
 
@@ -231,11 +240,13 @@ def reducescatter(group: Group, req: Request | None, meta: Meta, world_rank: int
         t = torch.zeros(meta.shape, dtype=dtype, device=device)
     else:
         t = _scale(req.tensor.detach(), meta.prescale).contiguous()
+    if meta.op == "average" and dtype in _NARROW_INTS:
+        t = t.to(torch.int64)  # as in allreduce_fused: the sum must not wrap
     shares = reducescatter_shares(meta.shape[0], len(group.ranks))
     pg, wire = _wire(group, t)
     pieces = [p.contiguous() for p in torch.split(wire, shares)]
     out = torch.empty_like(pieces[group.index(world_rank)])
     inflight.hold(out, *pieces)
     dist.reduce_scatter(out, pieces, op=_TORCH_OPS[meta.op], group=pg)
-    result = _finish(out.to(t.device), meta, len(group.ranks))
+    result = _finish(out.to(t.device), meta, len(group.ranks)).to(dtype)
     return None if req is None else result

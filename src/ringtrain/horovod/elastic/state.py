@@ -139,7 +139,13 @@ class ObjectState(State):
         self.save()
 
     def _values(self) -> dict[str, Any]:
-        return {k: getattr(self, k) for k in self._keys if not isinstance(getattr(self, k), ElasticSampler)}
+        return {k: getattr(self, k) for k in self._keys if not self._handled(getattr(self, k))}
+
+    def _handled(self, value: Any) -> bool:
+        """Whether a keyword value is kept by its own state_dict rather than as a plain
+        value (a copy of it, set back as a new object, would leave the script's object
+        behind)."""
+        return isinstance(value, ElasticSampler)
 
     def save(self) -> None:
         self._saved = copy.deepcopy(self._values())
@@ -169,12 +175,27 @@ class TorchState(ObjectState):
         self.model = model
         self.optimizer = optimizer
         self._samplers = {k: v for k, v in kwargs.items() if isinstance(v, ElasticSampler)}
+        # Horovod's TorchState takes more models and optimizers as keywords (a GAN's
+        # discriminator and its optimizer): each is saved, restored and synced through
+        # its state_dict, in place, as `model` and `optimizer` are. As plain values they
+        # were deep-copied, and sync()/restore() set a new object on the state while the
+        # script trained its own, which stayed unsynced on every rank (replicas apart).
+        self._torch_keys = [k for k, v in kwargs.items() if _is_torch_part(v)]
         self._saved_torch: dict[str, Any] = {}
         super().__init__(**kwargs)
 
+    def _handled(self, value: Any) -> bool:
+        return super()._handled(value) or _is_torch_part(value)
+
+    def _parts(self) -> dict[str, Any]:
+        """Every part kept through its state_dict (models, optimizers, schedulers), by
+        the name its state is kept under."""
+        extra = {f"kwargs.{k}": getattr(self, k) for k in self._torch_keys}
+        return {"model": self.model, "optimizer": self.optimizer, **extra}
+
     def save(self) -> None:
         super().save()
-        self._saved_torch = {**copy_states({"model": self.model, "optimizer": self.optimizer}),
+        self._saved_torch = {**copy_states(self._parts()),
                              "samplers": {k: s.state_dict() for k, s in self._samplers.items()}}
 
     def restore(self) -> None:
@@ -182,7 +203,7 @@ class TorchState(ObjectState):
         self._apply(self._saved_torch)
 
     def _apply(self, saved: dict[str, Any]) -> None:
-        load_states({"model": self.model, "optimizer": self.optimizer}, saved)
+        load_states(self._parts(), saved)
         for k, st in saved.get("samplers", {}).items():
             if k in self._samplers:
                 self._samplers[k].load_state_dict(st)
@@ -204,6 +225,15 @@ class TorchState(ObjectState):
             broadcast_parameters(self.model.state_dict(), root_rank=0)
         if self.optimizer is not None and not own:
             broadcast_optimizer_state(self.optimizer, root_rank=0)
+        for key in self._torch_keys:  # the same order on every rank: the keywords'
+            part = getattr(self, key)
+            if isinstance(part, torch.nn.Module):
+                broadcast_parameters(part.state_dict(), root_rank=0)
+            elif isinstance(part, torch.optim.Optimizer):
+                broadcast_optimizer_state(part, root_rank=0)
+            else:  # a learning-rate scheduler, a GradScaler: rank 0's state, loaded in place
+                part.load_state_dict(broadcast_object(part.state_dict() if runtime.rank() == 0 else None,
+                                                      0, name=f"elastic.state.{key}"))
         for key, sampler in self._samplers.items():
             if resized:
                 # record_batch records every rank's batch, so rank 0's record is the
@@ -227,3 +257,13 @@ class TorchState(ObjectState):
     def load_snapshot(self, snap: dict[str, Any]) -> None:
         super().load_snapshot(snap)
         self._apply(snap.get("torch", {}))
+
+
+def _is_torch_part(value: Any) -> bool:
+    """A keyword value TorchState keeps through its state_dict, in place: models and
+    optimizers (Horovod's handlers), and learning-rate schedulers and GradScalers, which
+    as plain values were deep-copied with the optimizer they point to, so after a
+    restore() ``state.scheduler.step()`` changed the copy's learning rate, not the real
+    optimizer's."""
+    return isinstance(value, (torch.nn.Module, torch.optim.Optimizer,
+                              torch.optim.lr_scheduler.LRScheduler, torch.amp.GradScaler))
