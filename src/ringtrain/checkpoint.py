@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import hashlib
 import io
 import json
@@ -496,6 +497,9 @@ def verify_sharded(path: str | os.PathLike[str]) -> None:
 def _resolve_sharded(target: Path) -> Path:
     if target.is_dir():
         return target
+    if target.is_file():  # before: "does not exist", for a file that is there
+        raise CheckpointError(f"{target} is a file, not a sharded checkpoint directory; a checkpoint "
+                              "written by rt.checkpoint.save loads with rt.checkpoint.load")
     # A save killed between its two renames left the previous checkpoint here.
     olds = sorted(target.parent.glob(f"{_glob_escape(target.name)}{_OLD_MARK}*"),
                   key=lambda p: p.stat().st_mtime, reverse=True)
@@ -534,6 +538,35 @@ def load_sharded(path: str | os.PathLike[str], state: dict[str, Any]) -> dict[st
         from ringtrain.collectives import broadcast_object
 
         found = broadcast_object(str(found), root_rank=0, name=f"checkpoint {target}")
-    with _single_process_is_meant(size):
-        dcp.load(state, storage_reader=dcp.FileSystemReader(str(found)), no_dist=size == 1)
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    try:
+        with _single_process_is_meant(size):
+            dcp.load(state, storage_reader=dcp.FileSystemReader(str(found)), no_dist=size == 1)
+    except CheckpointException as exc:
+        # DCP raises it on every rank (it gathers the failures) as a BaseException that
+        # `except Exception` lets through, its text a traceback per rank. A key or shape
+        # that does not fit is the user's mistake: one line naming it.
+        raise _sharded_load_error()(
+            f"cannot load sharded checkpoint {target} into this state: {_dcp_reason(exc)}; load it "
+            "into a state of the model that saved it (same names and shapes)", exc.failures) from None
     return state
+
+
+@functools.cache
+def _sharded_load_error() -> type[CheckpointError]:
+    """The error :func:`load_sharded` raises: a :class:`CheckpointError` with one line that
+    is still DCP's ``CheckpointException`` (``failures`` included) for code that catches
+    that one. Made on first use: importing DCP costs 0.7 s, which ``import
+    ringtrain.checkpoint`` should not pay."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    class ShardedLoadError(CheckpointError, CheckpointException):
+        def __init__(self, message: str, failures: dict[int, Any]) -> None:
+            CheckpointError.__init__(self, message)
+            self._failures = failures
+
+        def __str__(self) -> str:
+            return str(self.args[0])
+
+    return ShardedLoadError

@@ -50,6 +50,16 @@ def _rng_state() -> dict[str, Any]:
     state: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
+    try:
+        import numpy as np
+    except ImportError:
+        return state
+    # numpy.random too (augmentations drawn in the training process, num_workers=0):
+    # before, a resumed run drew other ones. Its key array as an int64 tensor, since a
+    # safe load (weights_only) refuses numpy arrays.
+    name, keys, pos, has_gauss, gauss = np.random.get_state(legacy=True)
+    state["numpy"] = (str(name), torch.from_numpy(np.asarray(keys, dtype=np.int64)), int(pos), int(has_gauss),
+                      float(gauss))
     return state
 
 
@@ -58,6 +68,13 @@ def _set_rng_state(state: dict[str, Any]) -> None:
     random.setstate(state["python"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
+    if "numpy" in state:  # absent from checkpoints written before it was saved
+        try:
+            import numpy as np
+        except ImportError:
+            return
+        name, keys, pos, has_gauss, gauss = state["numpy"]
+        np.random.set_state((name, keys.numpy().astype(np.uint32), pos, has_gauss, gauss))
 
 
 def _local_state(optimizer: Any) -> Any:
@@ -77,6 +94,10 @@ def _load_local_state(optimizer: Any, state: Any) -> None:
 class Resumable(ElasticState):
     """Saves the training state every ``every`` steps and restores the newest on start.
 
+    ``scheduler`` (an LR scheduler, e.g. ``rt.warmup``'s) and ``scaler`` (a
+    ``torch.amp.GradScaler``) are saved and restored with the model and optimizer: without
+    them a resumed run would start its warm-up again and its loss scale from the initial
+    one. Call :meth:`step_done` after ``scheduler.step()`` and ``scaler.update()``.
     ``extra`` is a dict of plain values (epoch, best score...) saved and restored with
     the rest; read it after :meth:`resume`.
     """
@@ -88,6 +109,8 @@ class Resumable(ElasticState):
         model: Stateful,
         optimizer: Stateful | None = None,
         loader: Stateful | None = None,
+        scheduler: Stateful | None = None,
+        scaler: Stateful | None = None,
         every: int = 100,
         keep: int = 2,
         extra: dict[str, Any] | None = None,
@@ -101,6 +124,8 @@ class Resumable(ElasticState):
         self.model = model
         self.optimizer = optimizer
         self.loader = loader
+        self.scheduler = scheduler
+        self.scaler = scaler
         self.every = every
         self.keep = keep
         self.extra: dict[str, Any] = dict(extra or {})
@@ -108,8 +133,11 @@ class Resumable(ElasticState):
         self.start_step = 0
         #: The checkpoint :meth:`resume` loaded, if any.
         self.resumed_from: Path | None = None
-        #: The step to go on from: the last resume or commit (what :func:`run` restarts at).
+        #: The step to go on from: the last resume, step_done or commit (what :func:`run` restarts at).
         self.step = 0
+        # Steps done at the last step_done(), resume, restore or sync: step_done() must
+        # pass more (see there).
+        self._last_done = 0
         self._commit: dict[str, Any] | None = None
 
     def _size_rank(self) -> tuple[int, int]:
@@ -136,7 +164,7 @@ class Resumable(ElasticState):
             if size > 1:
                 for name, tensor in self.model.state_dict().items():
                     collectives.broadcast_(tensor, root_rank=0, name=f"elastic.init {name}")
-            self.start_step = self.step = 0
+            self.start_step = self.step = self._last_done = 0
             return 0
         state = checkpoint.load(path)  # safe: only what Resumable itself saves
         self._check_fits(path, state)
@@ -147,10 +175,16 @@ class Resumable(ElasticState):
         mine = per_rank[rank] if len(per_rank) == size else None
         if mine is None and per_rank:
             log.warning("checkpoint %s was written by %d ranks, this job has %d: loader positions "
-                        "come from rank 0 and random generators are not restored",
-                        path, len(per_rank), size)
+                        "come from rank 0, random generators are not restored, and the learning "
+                        "rates (optimizer, scheduler) are those saved for %d ranks: set them for "
+                        "this size after resume() if they scale with it (rt.scale_lr)",
+                        path, len(per_rank), size, len(per_rank))
         if self.optimizer is not None:
             _load_local_state(self.optimizer, (mine or {}).get("optimizer"))
+        # After the optimizer: a scheduler's state names the rates it set in it.
+        for part in ("scheduler", "scaler"):
+            if getattr(self, part) is not None:
+                getattr(self, part).load_state_dict(state[part])
         if self.loader is not None:
             loader_state = (mine or per_rank[0])["loader"] if per_rank else None
             if loader_state is not None:
@@ -158,7 +192,7 @@ class Resumable(ElasticState):
         if mine is not None:
             _set_rng_state(mine["rng"])
         self.extra.update(state.get("extra", {}))
-        self.start_step = self.step = int(state["step"])
+        self.start_step = self.step = self._last_done = int(state["step"])
         self.resumed_from = path
         log.info("resumed from %s at step %d", path, self.start_step)
         return self.start_step
@@ -198,6 +232,12 @@ class Resumable(ElasticState):
                     f"{shapes[0]} is {tuple(theirs[shapes[0]].shape)} there, {tuple(mine[shapes[0]].shape)} here")
             raise CheckpointError(f"{path} holds another model ({what}); resume with the model that "
                                   "wrote it, or point Resumable at another directory")
+        for part in ("scheduler", "scaler"):
+            if getattr(self, part) is not None and state.get(part) is None:
+                # Going on without it would restart the warm-up (or the loss scale) silently.
+                raise CheckpointError(f"{path} holds no {part} state (it was saved without "
+                                      f"{part}=...); resume without {part}= and restore it yourself, "
+                                      "or point Resumable at another directory")
         saved = state.get("optimizer")
         if self.optimizer is not None and isinstance(saved, dict) and saved.get("param_groups"):
             want = set(self.optimizer.state_dict()["param_groups"][0]) - {"params"}
@@ -207,8 +247,20 @@ class Resumable(ElasticState):
                                       "resume with the optimizer class that wrote it")
 
     def step_done(self, step: int) -> bool:
-        """Call after each step with the number of steps completed; saves on multiples of
-        ``every`` (and, in a resizable job, commits in memory every step)."""
+        """Call after each step with the number of steps completed (``state.step`` is then
+        ``step``); saves on multiples of ``every`` (and, in a resizable job, commits in
+        memory every step)."""
+        if step <= self._last_done:
+            # A loop that passes its 0-based index (step_done(step)) saved "after step k"
+            # with k + 1 steps done: every resume ran one step twice and the schedule went
+            # off by one, silently. Its first call is step_done(<the step resumed at>).
+            raise ConfigError(
+                f"step_done({step}) after {self._last_done} steps were done: pass the number of "
+                "steps completed, step_done(step + 1) in `for step in range(state.resume(), total)` "
+                "or step_done(state.step + 1)")
+        # Before, only a resizable job's commit moved state.step: in a fixed-size job the
+        # documented `state.step_done(state.step + 1)` passed 1 forever and never saved.
+        self.step = self._last_done = step
         if resizable():
             self.commit(step)
         if step % self.every:
@@ -219,7 +271,8 @@ class Resumable(ElasticState):
     # -- resizing in place (see ringtrain.elastic.resize) ------------------------------------
 
     def _parts(self) -> dict[str, Stateful | None]:
-        return {"model": self.model, "optimizer": self.optimizer, "loader": self.loader}
+        return {"model": self.model, "optimizer": self.optimizer, "loader": self.loader,
+                "scheduler": self.scheduler, "scaler": self.scaler}
 
     def commit(self, step: int) -> None:
         """Remember the state after ``step`` steps in memory (no collective, no disk);
@@ -234,7 +287,7 @@ class Resumable(ElasticState):
         snap = copy.deepcopy(self._commit)
         load_states(self._parts(), snap)
         self.extra = snap["extra"]
-        self.step = int(snap["step"])
+        self.step = self._last_done = int(snap["step"])
 
     def sync(self) -> None:
         """Every rank takes rank 0's state (collective; after the job changed size)."""
@@ -245,14 +298,21 @@ class Resumable(ElasticState):
             if isinstance(self.optimizer, torch.optim.Optimizer):
                 replicate.broadcast_optimizer_state(self.optimizer, root_rank=0)
             mine = {"step": self.step, "extra": self.extra,
-                    "loader": self.loader.state_dict() if self.loader is not None else None}
+                    **{name: part.state_dict() if part is not None else None
+                       for name, part in (("loader", self.loader), ("scheduler", self.scheduler),
+                                          ("scaler", self.scaler))}}
             got = collectives.broadcast_object(mine if runtime.rank() == 0 else None, root_rank=0,
                                                name="elastic.sync")
             self.step, self.extra = int(got["step"]), dict(got["extra"])
+            for name in ("scheduler", "scaler"):  # a joining rank's are fresh
+                part = getattr(self, name)
+                if part is not None and got[name] is not None:
+                    part.load_state_dict(got[name])
             if self.loader is not None and got["loader"] is not None:
                 # The rest of the epoch is split over the new world (the loader's state is
                 # a global position, see ringtrain.data.order).
                 self.loader.load_state_dict(got["loader"])
+        self._last_done = self.step
         self.commit(self.step)
 
     def save(self, step: int) -> Path | None:
@@ -271,6 +331,8 @@ class Resumable(ElasticState):
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict() if self.optimizer is not None else None,
             "per_rank": per_rank,
+            "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
+            "scaler": self.scaler.state_dict() if self.scaler is not None else None,
             "extra": dict(self.extra),
         }
         path = checkpoint.save(self.directory / _NAME.format(step), state)

@@ -78,3 +78,31 @@ def test_latest_finds_the_newest_complete_directory(tmp_path: Path) -> None:
     # The file checkpoints' default pattern still sees only files.
     checkpoint.save(tmp_path / "epoch-5.ckpt", {"x": 1})
     assert checkpoint.latest(tmp_path) == tmp_path / "epoch-5.ckpt"
+
+
+@pytest.mark.parametrize("state,named", [
+    ({"w": torch.zeros(8, 8), "b": torch.zeros(8)}, r"Size mismatch .* for w"),
+    ({"w": torch.zeros(64), "b": torch.zeros(8), "extra": torch.zeros(2)}, r"Missing key .*extra"),
+])
+def test_a_state_that_does_not_fit_is_one_line(tmp_path: Path, state: dict[str, torch.Tensor],
+                                               named: str) -> None:
+    # Before: DCP's CheckpointException, a BaseException (`except Exception` let it through)
+    # whose text was a traceback per rank.
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    path = tmp_path / "ck.dcp"
+    checkpoint.save_sharded(path, _state(1.0))
+    with pytest.raises(CheckpointError, match=f"cannot load sharded checkpoint {path} into this state: "
+                                              f"rank 0: {named}") as err:
+        checkpoint.load_sharded(path, state)
+    assert "\n" not in str(err.value) and "Traceback" not in str(err.value)
+    assert isinstance(err.value, CheckpointException) and 0 in err.value.failures  # as before, for its catchers
+
+
+def test_a_file_checkpoint_given_to_load_sharded_is_named(tmp_path: Path) -> None:
+    # Before: "sharded checkpoint ... does not exist; check the path", for a file that is there.
+    path = tmp_path / "step-1.ckpt"
+    checkpoint.save(path, _state(1.0))
+    with pytest.raises(CheckpointError, match=r"is a file, not a sharded checkpoint directory; .*"
+                                              r"rt\.checkpoint\.load"):
+        checkpoint.load_sharded(path, _state(0.0))
