@@ -119,3 +119,32 @@ def test_fewer_ranks_than_min_np_end_the_job(tmp_path: Path) -> None:
     assert "2 rank(s) left, fewer than --min-np 3; stopping the job" in res.stderr
     assert "Traceback" not in res.stderr
     assert_no_orphans(marker)
+
+
+@pytest.mark.system
+@pytest.mark.timeout(240)
+def test_rt_elastic_job_grows_in_place_when_the_discovery_script_lists_a_slot_more(tmp_path: Path) -> None:
+    """Resumable takes a grow at a commit: the discovery script goes from localhost:2 to
+    localhost:3 after step 4 of the first world, and the job goes on at 3 ranks, in the
+    same processes plus the new one, which takes rank 0's state. Before, nothing asked
+    at the commits: ringrun said "growing to 3 rank(s)" and the job ended at 2 (and
+    with the grow taken, the first-step agreement's per-process counter made every rank
+    a StallError: the new rank's check was #0, the others' #1)."""
+    marker = new_marker()
+    out = tmp_path / "out.json"
+    flag = tmp_path / "grow"
+    discover = tmp_path / "discover.sh"
+    discover.write_text(f'#!/bin/sh\nif [ -e "{flag}" ]; then echo localhost:3; else echo localhost:2; fi\n')
+    discover.chmod(0o755)
+    res = subprocess.run(
+        [RINGRUN, "--min-np", "2", "--max-np", "3", "--host-discovery-script", str(discover), "python",
+         str(SCRIPTS / "rt_elastic_resize.py"), str(out), str(tmp_path / "ckpt"), "--epochs", "3"],
+        capture_output=True, text=True, timeout=220, env=env_for(marker, RESIZE_GROW=f"4:{flag}"))
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    got = json.loads(out.read_text())
+    assert got["sizes"] == [2, 3] and got["size"] == 3, (got["sizes"], res.stderr[-2000:])
+    assert got["lrs"] == [pytest.approx(0.06)]  # the reset callback set the rate for 3
+    for epoch, ids in got["seen"].items():  # the rest of an epoch re-cut for 3 ranks: at
+        assert set(ids) == set(range(96)), epoch  # most a sample per rank padded once
+        assert len(ids) - 96 < 3, epoch
+    assert_no_orphans(marker)

@@ -21,7 +21,7 @@ import itertools
 import json
 import threading
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -39,8 +39,20 @@ __all__ = [
 Entry = tuple[str, tuple[int, ...], str]
 
 _PREFIX = "ringtrain/sync/signature/"
-_counter = itertools.count()
+# Checks are numbered per world: a resizable job's ranks that joined at a grow start at
+# #0, and so must the survivors, or each side waited for keys the other never writes
+# (every rank a StallError after stall_timeout, and the job ended instead of growing).
+_counter: tuple[object, Iterator[int]] | None = None
 _counter_lock = threading.Lock()
+
+
+def _next_index() -> int:
+    global _counter
+    world = runtime.world()
+    with _counter_lock:
+        if _counter is None or _counter[0] is not world:
+            _counter = (world, itertools.count())
+        return next(_counter[1])
 
 
 def entry(name: str, shape: Sequence[int], dtype: torch.dtype | str) -> Entry:
@@ -137,8 +149,7 @@ def check_signature(
     if size == 1:
         return
     timeout = runtime.settings().stall_timeout if timeout is None else timeout
-    with _counter_lock:
-        index = next(_counter)
+    index = _next_index()
     prefix = f"{_PREFIX}{index}/"
     mine = [list(e) for e in entries]
     blob = json.dumps({"entries": mine, "settings": dict(settings or {})}, sort_keys=True)

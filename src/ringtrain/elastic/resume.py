@@ -29,8 +29,8 @@ from typing import Any
 import torch
 
 from ringtrain import checkpoint, collectives, replicate, runtime
-from ringtrain.elastic.resize import follow_world, resizable
-from ringtrain.elastic.state import ElasticState, Stateful, copy_states, load_states
+from ringtrain.elastic.resize import follow_world, hosts_updated, resizable
+from ringtrain.elastic.state import ElasticState, HostsUpdated, Stateful, copy_states, load_states
 from ringtrain.errors import CheckpointError, ConfigError
 
 __all__ = ["Resumable", "attempt"]
@@ -263,10 +263,16 @@ class Resumable(ElasticState):
         self.step = self._last_done = step
         if resizable():
             self.commit(step)
-        if step % self.every:
-            return False
-        self.save(step)
-        return True
+        saved = step % self.every == 0
+        if saved:
+            self.save(step)
+        if resizable() and hosts_updated():
+            # A grow is taken here, at a commit, on every rank alike (rank 0's view
+            # decides): rt.elastic.run moves the job to ringrun's larger world and the new
+            # ranks take this state. Before, nothing asked, and a Resumable job never grew
+            # (ringrun said "growing to N ranks"; the new worker sat idle to the end).
+            raise HostsUpdated()
+        return saved
 
     # -- resizing in place (see ringtrain.elastic.resize) ------------------------------------
 

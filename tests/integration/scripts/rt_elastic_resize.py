@@ -11,6 +11,9 @@ sharded dataset (7 uneven shards), so the loader splits shards across ranks and 
 of an epoch is re-cut for the smaller world (a new stage, see ShardPlan). ``--diloco H``
 trains with rt.DiLoCo syncing every H steps instead of DistributedOptimizer; at the end
 every rank syncs once more and OUT also holds each rank's parameter digest.
+``RESIZE_GROW=STEP:FLAG``: rank 0 of the first world creates the file FLAG before that
+step (the test's discovery script then lists one more slot), and every step sleeps
+0.1 s so the job lasts until the larger world has formed.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import hashlib
 import json
 import os
 import signal
+import time
 from pathlib import Path
 
 import torch
@@ -35,6 +39,7 @@ parser.add_argument("--sharded", action="store_true")
 parser.add_argument("--diloco", type=int, help="rt.DiLoCo with this sync_every")
 args = parser.parse_args()
 kill_rank, _, kill_step = os.environ.get("RESIZE_KILL", "-1:-1").partition(":")
+grow_step, _, grow_flag = os.environ.get("RESIZE_GROW", "-1:").partition(":")
 BASE_LR = 0.02
 
 rt.init()
@@ -76,6 +81,10 @@ def train(state: elastic.Resumable) -> None:
         for ids, x, y in loader:
             if elastic.world_version() == 0 and rt.rank() == int(kill_rank) and state.step == int(kill_step):
                 os.kill(os.getpid(), signal.SIGKILL)
+            if grow_flag:
+                if elastic.world_version() == 0 and rt.rank() == 0 and state.step == int(grow_step):
+                    Path(grow_flag).touch()
+                time.sleep(0.1)
             opt.zero_grad()
             torch.nn.functional.mse_loss(model(x).squeeze(1), y).backward()
             opt.step()
