@@ -96,7 +96,9 @@ def main() -> None:
 
     start_epoch = 0
     ckpt_dir = Path(args.checkpoint_dir)
-    latest = rt.checkpoint.latest(ckpt_dir)
+    # Rank 0 picks the checkpoint (a host without the directory finds none); every rank
+    # loads it (rank 0 reads the file and sends it), so all resume at one epoch.
+    latest = rt.broadcast_object(rt.checkpoint.latest(ckpt_dir) if rt.rank() == 0 else None)
     if latest is not None:                                        # resume where rank 0 left off
         state = rt.checkpoint.load(latest)
         model.load_state_dict(state["model"])

@@ -769,6 +769,12 @@ class DistributedOptimizer(torch.optim.Optimizer):
         return self._inner
 
     @property
+    def pending_passes(self) -> int:
+        """Backward passes accumulated toward a step that has not been taken yet (0 between
+        steps): gradients a checkpoint taken now would not hold."""
+        return 0 if self._synchronized else max(self._passes, default=0)
+
+    @property
     def bucket_names(self) -> list[str]:
         return [b.name for b in self._fusion.buckets]
 

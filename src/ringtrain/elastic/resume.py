@@ -323,6 +323,15 @@ class Resumable(ElasticState):
 
     def save(self, step: int) -> Path | None:
         """Save now (every rank must call it); rank 0 writes ``step-<step>.ckpt``."""
+        pending = getattr(self.optimizer, "pending_passes", 0)
+        if pending:
+            # The accumulated gradients are not part of a checkpoint: a resume from it
+            # would take that update with fewer passes, silently.
+            raise ConfigError(
+                f"Resumable.save in the middle of a gradient accumulation ({pending} of "
+                f"{getattr(self.optimizer, 'backward_passes_per_step', '?')} backward passes done, "
+                "not yet stepped): call step_done() after optimizer.step(), counting optimizer "
+                "steps, not backward passes")
         size, rank = self._size_rank()
         mine = {
             "rng": _rng_state(),

@@ -219,3 +219,28 @@ def test_run_in_a_fixed_size_job_saves_every_n_steps(tmp_path: Path) -> None:
             rt.shutdown()
     assert state.step == 7
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step-000000004.ckpt", "step-000000006.ckpt"]
+
+
+def test_saving_in_the_middle_of_a_gradient_accumulation_is_refused(tmp_path: Path) -> None:
+    # Before: the checkpoint held no accumulated gradients, so a resume from it took that
+    # update with fewer backward passes, silently (step_done counted backward passes).
+    import ringtrain as rt
+
+    rt.init()
+    try:
+        model = nn.Linear(4, 1)
+        opt = rt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                      named_parameters=model.named_parameters(), backward_passes_per_step=2)
+        state = elastic.Resumable(tmp_path, model=model, optimizer=opt, every=1)
+        state.resume()
+        model(torch.randn(2, 4)).sum().backward()  # 1 of 2 passes
+        assert opt.pending_passes == 1
+        with pytest.raises(ConfigError, match=r"middle of a gradient accumulation \(1 of 2 backward passes"):
+            state.step_done(1)
+        assert not list(tmp_path.glob("*.ckpt"))
+        model(torch.randn(2, 4)).sum().backward()
+        opt.step()
+        assert opt.pending_passes == 0
+        assert state.step_done(2) is True  # after the optimizer step it saves
+    finally:
+        rt.shutdown()
