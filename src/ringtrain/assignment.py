@@ -39,10 +39,11 @@ def ack_path(assignment_file: str) -> str:
     return assignment_file + ACK_SUFFIX
 
 
-def _write_atomic(path: str, data: dict[str, Any]) -> None:
+def _write_atomic(path: str, data: dict[str, Any], *, create_dir: bool = True) -> None:
     # A reader polling the file sees the old content or the new one, never half of it.
     directory = os.path.dirname(path) or "."
-    os.makedirs(directory, exist_ok=True)
+    if create_dir:
+        os.makedirs(directory, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=directory)
     try:
         with os.fdopen(fd, "w") as f:
@@ -78,8 +79,17 @@ def read_assignment(path: str) -> dict[str, Any] | None:
 
 
 def write_ack(assignment_file: str, version: int) -> None:
-    """This worker has joined world ``version``."""
-    _write_atomic(ack_path(assignment_file), {"version": int(version)})
+    """This worker has joined world ``version``.
+
+    Never creates the job's directory: ringrun wrote the assignment there before the
+    worker read it, so a missing directory means the job ended and removed it while this
+    worker was still joining. Creating it again left a ``ringtrain-elastic-*`` directory
+    in the temporary folder after the job.
+    """
+    try:
+        _write_atomic(ack_path(assignment_file), {"version": int(version)}, create_dir=False)
+    except FileNotFoundError:
+        pass  # nobody is left to read it
 
 
 def read_ack(assignment_file: str) -> int | None:

@@ -168,6 +168,14 @@ def test_assignments_and_acks_round_trip(tmp_path: Path) -> None:
     assert not [p for p in os.listdir(tmp_path / "job") if p.startswith(".tmp-")]
 
 
+def test_an_ack_after_the_job_removed_its_directory_leaves_nothing(tmp_path: Path) -> None:
+    # A worker still joining when ringrun ended the job and removed the job's directory
+    # must not create it again (it stayed in /tmp after the job).
+    path = assignment.worker_file(tmp_path / "job", 3)
+    assignment.write_ack(path, 1)
+    assert not (tmp_path / "job").exists()
+
+
 # -- severing ---------------------------------------------------------------------------------
 
 
