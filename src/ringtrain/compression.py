@@ -3,8 +3,10 @@
 A compressor turns a tensor into what travels (``compress``) and back
 (``decompress``). For the optimizer's fused buckets only the wire dtype matters:
 fp16 and bf16 halve the bytes exchanged. fp16 keeps 11 significant bits and overflows
-above 65504, so the optimizer divides by the world size *before* the exchange (the
-same order PyTorch's fp16 DDP hook uses); bf16 keeps fp32's range with 8 bits.
+above 65504, so the optimizer scales by 1/P, P the power of two at or above the world
+size, *before* the exchange (the order PyTorch's fp16 DDP hook uses); the sum still
+overflows once the mean passes 65504 x P/N (docs/sync.md). bf16 keeps fp32's range with
+8 bits.
 """
 
 from __future__ import annotations

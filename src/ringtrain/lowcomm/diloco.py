@@ -97,19 +97,29 @@ class DiLoCo(PeriodicSync):
     def _settings(self) -> dict[str, str]:
         return {**super()._settings(), "outer_optimizer": checks.optimizer_settings(self._outer)}
 
-    def _apply(self, part: list[int], averaged: dict[int, torch.Tensor]) -> None:
+    def _apply(self, part: list[int], averaged: dict[int, torch.Tensor], outer: bool = True) -> None:
         assert self._copy is not None
         params = self._params
         saved = [p.grad for p in params]  # the inner step's gradients, given back after
         try:
+            stepped = False
             with torch.no_grad():
                 for p in params:
                     p.grad = None  # the outer optimizer steps only this fragment
                 for i in part:
                     p = params[i]
                     p.copy_(self._copy[i])
-                    p.grad = averaged[i].view(p.shape)
-            self._outer.step()
+                    if outer and p.requires_grad:
+                        p.grad = averaged[i].view(p.shape)
+                        stepped = True
+                    else:
+                        # A frozen parameter (or a fragment synced again with no step
+                        # since, by sync()) is averaged: the outer optimizer's momentum
+                        # would move it as torch's optimizers never move a parameter
+                        # without a gradient.
+                        p.sub_(averaged[i].view(p.shape))
+            if stepped:
+                self._outer.step()
         finally:
             for p, g in zip(params, saved, strict=True):
                 p.grad = g

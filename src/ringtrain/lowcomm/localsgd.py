@@ -64,7 +64,7 @@ class LocalSGD(PeriodicSync):
                          fusion_mb=fusion_mb, buffers=buffers, argument="optimizer",
                          strategy_options=strategy_options)
 
-    def _apply(self, part: list[int], averaged: dict[int, torch.Tensor]) -> None:
+    def _apply(self, part: list[int], averaged: dict[int, torch.Tensor], outer: bool = True) -> None:
         assert self._copy is not None
         with torch.no_grad():
             for i in part:

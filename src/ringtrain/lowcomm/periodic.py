@@ -50,6 +50,10 @@ class PeriodicSync:
     implement :meth:`_apply` (and may extend the state and the agreement)."""
 
     mode: ClassVar[str] = ""
+    #: torch.amp.GradScaler calls step() even when this rank's gradients overflowed
+    #: (setting ``found_inf`` and ``grad_scale``), instead of skipping it: a skipped call
+    #: would leave this rank's step count, and so its syncs, behind the other ranks'.
+    _step_supports_amp_scaling: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -112,7 +116,10 @@ class PeriodicSync:
                           label=f"{label}{f}.")
             for f, part in enumerate(self._parts)
         ]
-        self._buffers = [(n, b) for n, b in model.named_buffers() if b.is_floating_point()] if buffers else []
+        #: Every float buffer of the model: each rank's own between syncs (and always with
+        #: buffers=False), so local_state_dict saves them per rank.
+        self._float_buffers = [(n, b) for n, b in model.named_buffers() if b.is_floating_point()]
+        self._buffers = list(self._float_buffers) if buffers else []
         self._buffer_exchange = FusedExchange(
             [n for n, _ in self._buffers], [b for _, b in self._buffers], self._strategy, Compression.none,
             Average, runtime.size(), self._bucket_bytes, label=f"{label}.buffers.") if self._buffers else None
@@ -124,6 +131,9 @@ class PeriodicSync:
         self.same_start = False
         #: Steps taken (the schedule counts them; saved and restored with the state).
         self.steps = 0
+        #: Fragments synced since the last step (equal on every rank: a function of the
+        #: schedule and of sync() calls). sync() gives them no second outer step.
+        self._clean: set[int] = set()
         #: Syncs done in this process, and the bytes handed to the exchange for them.
         self.syncs = 0
         self.exchanged_bytes = 0
@@ -165,14 +175,20 @@ class PeriodicSync:
                     "and build it again with the parameter unfrozen (or build it with every parameter "
                     "that will train requiring a gradient)")
         t0 = time.perf_counter()
+        result = None
         try:
-            result = self._inner.step(closure) if closure is not None else self._inner.step()
+            if self._scaled_step_ok():
+                result = self._inner.step(closure) if closure is not None else self._inner.step()
         finally:
             if events.active():
                 events.emit("update", t0, time.perf_counter())
+        # Counted even when GradScaler skipped the local update: the schedule is the
+        # same on every rank, whichever rank's gradients overflowed.
         self.steps += 1
+        self._clean.clear()
         for f in fragments.due(self.steps, self.sync_every, self.fragments):
             self._sync(f)
+            self._clean.add(f)
         if events.active():
             now = time.perf_counter()
             events.emit("step_end", now, now)
@@ -188,7 +204,30 @@ class PeriodicSync:
         if self._copy is None:
             self._take_start()
         for f in range(self.fragments):
-            self._sync(f)
+            # A fragment synced at this step already holds the synced copy on every rank:
+            # it is averaged again (buffers included) but takes no second outer step.
+            self._sync(f, outer=f not in self._clean)
+        self._clean = set(range(self.fragments))
+
+    def _scaled_step_ok(self) -> bool:
+        """Under ``GradScaler.step(opt)`` (see ``_step_supports_amp_scaling``): False when
+        this rank's gradients overflowed (the local update is skipped, as the scaler would
+        skip it), else unscale them when the scaler has not and return True. True when
+        no scaler called."""
+        found_inf = getattr(self, "found_inf", None)
+        if found_inf is None:
+            return True
+        if float(found_inf) != 0.0:
+            return False
+        scale = getattr(self, "grad_scale", None)
+        if scale is not None:  # not unscaled by scaler.unscale_(opt): do it as it would
+            inv = scale.double().reciprocal().float()
+            with torch.no_grad():
+                for group in self._inner.param_groups:
+                    for p in group["params"]:
+                        if p.grad is not None:
+                            p.grad.mul_(inv.to(p.grad.device))
+        return True
 
     @property
     def synced_copy(self) -> list[torch.Tensor] | None:
@@ -224,11 +263,13 @@ class PeriodicSync:
                                          name=f"rt.{self.mode} start")
         with torch.no_grad():
             self._copy = [p.detach().clone() for p in self._params]
+        self._clean = set(range(self.fragments))
 
     # -- the sync -----------------------------------------------------------------------
 
-    def _sync(self, f: int) -> None:
-        """Average fragment ``f``'s outer gradient over the ranks and apply it."""
+    def _sync(self, f: int, outer: bool = True) -> None:
+        """Average fragment ``f``'s outer gradient over the ranks and apply it (``outer``
+        False: as the average of the ranks' parameters, with no outer step)."""
         assert self._copy is not None
         ex = self._exchanges[f]
         part = self._parts[f]
@@ -255,7 +296,8 @@ class PeriodicSync:
         t_wait = time.perf_counter()
         if events.active():
             events.emit("exchange_wait", t0, t_wait)
-        self._apply(part, averaged)
+        self._check_finite(part, averaged)
+        self._apply(part, averaged, outer)
         with torch.no_grad():
             for i in part:
                 self._copy[i].copy_(self._params[i])
@@ -291,9 +333,25 @@ class PeriodicSync:
             events.emit("exchange", bucket.launched_at, time.perf_counter(), name=bucket.name,
                         bytes=bucket.nbytes, tensors=names)
 
-    def _apply(self, part: list[int], averaged: dict[int, torch.Tensor]) -> None:
+    def _check_finite(self, part: list[int], averaged: dict[int, torch.Tensor]) -> None:
+        """fp16 on the wire overflows silently above 65504: refuse a non-finite average
+        before it reaches the parameters. Every rank holds the same average, so every
+        rank raises the same error, after the exchange (no rank is left waiting)."""
+        if self._compression.wire_dtype is not torch.float16:
+            return
+        for i in part:
+            if not bool(torch.isfinite(averaged[i]).all()):
+                raise ConfigError(
+                    f"rt.{self.mode}: the averaged change of {self._names[i]!r} since the last "
+                    "sync is not finite with compression=rt.Compression.fp16: a change larger than "
+                    "about 65504 overflows float16 on the wire (or a rank's parameters are not "
+                    "finite). The parameters were left as they were; use compression="
+                    "rt.Compression.bf16 (float32's range) or none")
+
+    def _apply(self, part: list[int], averaged: dict[int, torch.Tensor], outer: bool = True) -> None:
         """Set the parameters ``part`` (indices into the synced list) from their averaged
-        outer gradients (``averaged[i]``, flat, in the parameter's dtype)."""
+        outer gradients (``averaged[i]``, flat, in the parameter's dtype); ``outer``
+        False: no outer step, the parameters become the average."""
         raise NotImplementedError
 
     # -- state --------------------------------------------------------------------------
@@ -331,6 +389,8 @@ class PeriodicSync:
         else:
             self._copy = None
         self.steps = int(state["steps"])
+        # Saved at a step where fragments synced: those held the synced copy.
+        self._clean = set(fragments.due(self.steps, self.sync_every, self.fragments))
         self._inner.load_state_dict(state["inner"])
 
     # -- per-rank state and resizing (used by rt.elastic and hvd.elastic) ----------------
@@ -340,9 +400,13 @@ class PeriodicSync:
         i.e. between syncs) and its local optimizer's state. ``rt.elastic.Resumable``
         saves it for every rank, so a resume at any step is exact on every rank."""
         at_sync = self.fragments == 1 and self.steps % self.sync_every == 0
+        averaged = {n for n, _ in self._buffers} if at_sync else set()
         return {
             "params": None if at_sync or self._copy is None else [p.detach().clone() for p in self._params],
             "inner": self._inner.state_dict(),
+            # Float buffers (BatchNorm statistics) are each rank's own until they are
+            # averaged with fragment 0 (and always with buffers=False).
+            "buffers": {n: b.detach().clone() for n, b in self._float_buffers if n not in averaged},
         }
 
     def load_local_state_dict(self, state: dict[str, Any] | None) -> None:
@@ -356,6 +420,11 @@ class PeriodicSync:
             else:
                 for p, saved in zip(self._params, state["params"], strict=True):
                     p.copy_(saved)
+            if state is not None:
+                mine = state.get("buffers") or {}  # absent from states saved before
+                for n, b in self._float_buffers:
+                    if n in mine:
+                        b.copy_(mine[n])
         if state is not None:
             self._inner.load_state_dict(state["inner"])
 
@@ -372,6 +441,7 @@ class PeriodicSync:
         if self._buffer_exchange is not None:
             self._buffer_exchange.size = n
         self._agreed = False
+        self._clean = set()  # the same on every rank, the one that joined included
         if n == 1:
             return True
         fresh = self._copy is None
