@@ -163,6 +163,9 @@ class Bucket:
         #: Whether the gradients can *be* views of the buffer (no compression), as DDP's
         #: ``gradient_as_bucket_view``: packing is then at most one copy, unpacking none.
         self.grad_views = wire == spec.dtype
+        #: The buffer the gradients stay in while ``flat`` is exchanged (see ``pack``'s
+        #: ``keep_grads``); the two swap roles each step.
+        self.spare: torch.Tensor | None = None
         self.pending = len(spec.params)  # members not yet ready in this step
         self.handle: Handle | None = None
         self.launched_at = 0.0
@@ -195,6 +198,12 @@ def _held_elsewhere(flat: torch.Tensor, grads: Sequence[torch.Tensor | None]) ->
     if counter is None:
         return mine < len(grads)
     return int(counter(storage._cdata)) > 2 + mine
+
+
+def _views_into(flat: torch.Tensor, grads: Sequence[torch.Tensor | None]) -> bool:
+    lo = flat.data_ptr()
+    hi = lo + flat.numel() * flat.element_size()
+    return any(g is not None and not g.is_sparse and lo <= g.data_ptr() < hi for g in grads)
 
 
 def _is_view_of(grad: torch.Tensor, view: torch.Tensor) -> bool:
@@ -274,13 +283,21 @@ class FusedExchange:
     def scaling_for(self, bucket: Bucket) -> Scaling:
         return scaling(self.op, self.size, not bucket.grad_views, self.predivide)
 
-    def pack(self, bucket: Bucket, grads: Sequence[torch.Tensor | None]) -> list[torch.Tensor]:
+    def pack(self, bucket: Bucket, grads: Sequence[torch.Tensor | None],
+             keep_grads: bool = False) -> list[torch.Tensor]:
         """Fill ``bucket.flat`` from ``grads`` (one per member, dense; ``None`` contributes
         zeros), pre-scaled; returns each member's view of the buffer, shaped like it.
 
-        A gradient that already is its view (accumulated in place) is not copied.
+        A gradient that already is its view (accumulated in place) is not copied, unless
+        ``keep_grads``: the gradients must then stay as they are, unscaled and out of the
+        exchange's way, until it is done (Horovod's contract: the script may read or clip
+        them before ``synchronize()``), so the buffer they are views of becomes the
+        bucket's spare and the exchange takes the other one.
         """
         pre = self.scaling_for(bucket).pre
+        if keep_grads and bucket.grad_views and _views_into(bucket.flat, grads):
+            spare = bucket.spare if bucket.spare is not None else torch.empty_like(bucket.flat)
+            bucket.flat, bucket.spare = spare, bucket.flat
         if bucket.grad_views and _held_elsewhere(bucket.flat, grads):
             # A view of the buffer from an earlier step outlives it (the script kept a
             # `.grad` tensor, or an optimizer stored one): overwriting the buffer would

@@ -37,7 +37,10 @@ Sparse gradients (``nn.Embedding(sparse=True)``) are exchanged as Horovod does: 
 indices and values of every rank are gathered and summed (``sparse_as_dense=True``
 densifies them into the fused buckets instead). Which parameters are sparse is agreed
 by all ranks at the first step; a parameter whose first sparse gradient comes later is
-exchanged densely (its result is still correct).
+exchanged densely (its result is still correct). Under ``ringtrain.horovod`` the gathers
+go through the coordinator, which refuses them at once while a rank has ``join()``-ed,
+as Horovod does (a gather has nothing for a joined rank to contribute):
+``sparse_as_dense=True`` is the way to train sparse gradients with ``join()``.
 """
 
 from __future__ import annotations
@@ -167,6 +170,13 @@ class DistributedOptimizer(torch.optim.Optimizer):
         group_size = getattr(self._algorithm, "group_size", None)
         ranks = int(group_size()) if callable(group_size) else runtime.size()
         self._self_checking = bool(getattr(self._algorithm, "checks_layout", False))
+        # A strategy that negotiates every collective (the Horovod coordinator) gathers
+        # too: the sparse gradients and their first-step agreement then go through it, so
+        # a rank that join()-ed is seen (on the default group it waited in join() while
+        # the others waited for it in the gather, until the stall limit).
+        gather = getattr(self._algorithm, "allgather", None)
+        self._negotiated = callable(gather)
+        self._gather: Callable[..., torch.Tensor] = gather if callable(gather) else collectives.allgather
         self._fusion = FusedExchange(
             names, params, self._algorithm, compression, op, ranks, int(mb * 1024 * 1024),
             predivide=predivide,
@@ -378,7 +388,10 @@ class DistributedOptimizer(torch.optim.Optimizer):
                                 when="first step" if self._steps == 0 else "bucket layout change")
         members = bucket.spec.params
         grads = [self._dense_grad(i) for i in members]
-        views = self._fusion.pack(bucket, grads)
+        # sync_at="step": a `.grad` accumulated in place (zero_grad(set_to_none=False))
+        # is a view of the buffer; exchanged as it was, the script saw it pre-scaled by
+        # 1/size and a clip before synchronize() reached the sum in flight, silently.
+        views = self._fusion.pack(bucket, grads, keep_grads=self.sync_at == "step")
         if self.sync_at == "step":
             # Under Horovod's contract the script runs between here and synchronize():
             # `.grad` stays the local gradient until the exchange is done, so a change to
@@ -557,7 +570,10 @@ class DistributedOptimizer(torch.optim.Optimizer):
             flags = torch.zeros(len(self._params), dtype=torch.int32)
             for i in self._seen_sparse:
                 flags[i] = 1
-            collectives.allreduce_(flags, Max, name="sparse gradients (first step)")
+            if self._negotiated:
+                self._fusion.strategy(flags, Max, "sparse gradients (first step)").wait()
+            else:
+                collectives.allreduce_(flags, Max, name="sparse gradients (first step)")
             agreed = {i for i in range(len(self._params)) if flags[i]}
             self._seen_sparse = agreed
         todo = sorted(self._sparse | self._seen_sparse)
@@ -587,8 +603,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
             grad = grad.to_sparse(1)
         grad = grad.coalesce()
         name = self._names[index]
-        indices = collectives.allgather(grad.indices().t().contiguous(), name=f"{name} (sparse indices)")
-        values = collectives.allgather(grad.values().contiguous(), name=f"{name} (sparse values)")
+        indices = self._gather(grad.indices().t().contiguous(), name=f"{name} (sparse indices)")
+        values = self._gather(grad.values().contiguous(), name=f"{name} (sparse values)")
         factor = 1.0 / runtime.size() if self._op is Average else 1.0
         with torch.no_grad():
             p.grad = torch.sparse_coo_tensor(indices.t(), values * factor if factor != 1.0 else values,
@@ -773,6 +789,11 @@ class DistributedOptimizer(torch.optim.Optimizer):
         """Backward passes accumulated toward a step that has not been taken yet (0 between
         steps): gradients a checkpoint taken now would not hold."""
         return 0 if self._synchronized else max(self._passes, default=0)
+
+    @property
+    def exchange_started(self) -> bool:
+        """This step's exchange has begun (a bucket was launched) and is not finished."""
+        return self._next_launch > 0 and not self._synchronized
 
     @property
     def bucket_names(self) -> list[str]:

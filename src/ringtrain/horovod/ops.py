@@ -56,6 +56,36 @@ def _check_bool(kind: str, tensor: torch.Tensor, op: int, pre: float, post: floa
                          "(any rank True) or op=hvd.Min (every rank True)")
 
 
+def _overlapping(tensor: torch.Tensor) -> bool:
+    """Whether elements of ``tensor`` share memory (an ``expand()``-ed view, stride 0)."""
+    if tensor.layout != torch.strided:
+        return False
+    check = getattr(torch, "_debug_has_internal_overlap", None)
+    if check is not None:
+        return int(check(tensor)) == 1  # 2 is "too hard to tell": copy_ accepts those
+    return any(st == 0 and n > 1 for st, n in zip(tensor.stride(), tensor.shape, strict=True))
+
+
+def _refuse_overlap(metas: Sequence[Meta], tensors: Sequence[torch.Tensor]) -> None:
+    """An in-place operation writes its result into the tensor, which cannot be done
+    where elements share memory. That failed inside the coordinator, after the exchange,
+    on the rank holding such a tensor only, as a recoverable HorovodInternalError (so
+    ``hvd.elastic`` restarted over it). Horovod refuses non-contiguous tensors at the
+    call; here only these are refused, at the call, and every member gets the same
+    error: the operation is still submitted, marked refused, so no rank waits for it."""
+    bad = next((t for t in tensors if _overlapping(t)), None)
+    if bad is None:
+        return
+    kind = metas[0].kind
+    text = (f"{kind} {metas[0].name!r} in place on rank {engine().rank}: elements of the tensor "
+            f"(shape {tuple(bad.shape)}, strides {bad.stride()}) share memory, as after expand(), "
+            "so the result cannot be written into it; pass tensor.clone() or use the out-of-place "
+            f"hvd.{kind}()")
+    for meta in metas:
+        engine().submit(replace(meta, refused=text), None)
+    raise ValueError(text)
+
+
 def _allreduce_meta(tensor: torch.Tensor, name: str | None, op: int, prescale_factor: float,
                     postscale_factor: float, process_set: ProcessSet) -> Meta:
     pre, post = _check_factors(prescale_factor, postscale_factor)
@@ -71,6 +101,7 @@ def allreduce_async_(tensor: torch.Tensor, average: bool | None = None, name: st
     """Reduce ``tensor`` in place across the process set; returns a handle."""
     op = handle_average_backwards_compatibility(op, average)
     meta = _allreduce_meta(tensor, name, op, prescale_factor, postscale_factor, process_set)
+    _refuse_overlap([meta], [tensor])
     return submit(meta, Request(meta, tensor, output=tensor))
 
 
@@ -99,6 +130,8 @@ def _grouped(tensors: Sequence[torch.Tensor], name: str | None, op: int, prescal
                        name=f"{base}.{i}")
         metas.append(meta)
         reqs.append(Request(meta, t, output=t if in_place else None))
+    if in_place:
+        _refuse_overlap(metas, tensors)
     return submit_many(metas, reqs)
 
 
@@ -174,6 +207,7 @@ def broadcast_async(tensor: torch.Tensor, root_rank: int, name: str | None = Non
 def broadcast_async_(tensor: torch.Tensor, root_rank: int, name: str | None = None,
                      process_set: ProcessSet = global_process_set) -> int:
     meta = _root_meta(tensor, root_rank, name, process_set)
+    _refuse_overlap([meta], [tensor])
     return submit(meta, Request(meta, tensor, output=tensor))
 
 

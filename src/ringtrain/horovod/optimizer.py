@@ -7,7 +7,11 @@ are :class:`ringtrain.DistributedOptimizer`'s. What this module adds:
 
 - the buckets go through the coordinator (:class:`Negotiated`), matched by name, so a
   rank that has ``join()``-ed contributes zeros and a ``process_set`` restricts the
-  exchange (a rank outside the set steps on its own gradients, as in Horovod);
+  exchange (a rank outside the set steps on its own gradients, as in Horovod); sparse
+  gradients are gathered through it too, so with a joined rank they are refused at once
+  (Horovod's rule) instead of waiting for it;
+- the names come from the parameters (names, shapes, dtypes), not from how many
+  optimizers this process built, so they agree on every rank whatever else a rank wrapped;
 - Horovod's argument names and defaults, a fresh optimizer state (Horovod's wrapper is
   a new optimizer over the same ``param_groups``), ``_parameter_names``, ``op=hvd.Adasum``
   (:class:`_AdasumOptimizer`: each rank takes its own step, the steps' deltas are
@@ -17,9 +21,11 @@ are :class:`ringtrain.DistributedOptimizer`'s. What this module adds:
 from __future__ import annotations
 
 import collections
+import hashlib
 import itertools
 import warnings
-from collections.abc import Iterable
+import weakref
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -35,7 +41,18 @@ from ringtrain.optimizer import DistributedOptimizer as _Core
 
 __all__ = ["DistributedOptimizer", "Negotiated"]
 
-_instances = itertools.count()
+#: The live Negotiated strategies by the digest of their parameters (see _name_for).
+_BY_DIGEST: dict[str, weakref.WeakSet[Negotiated]] = {}
+
+
+def _digest(pairs: list[tuple[str, torch.Tensor]]) -> str:
+    """What names an optimizer's operations in the coordinator: its parameters' names,
+    shapes and dtypes, the same on every rank that wraps the same model. A per-process
+    count of optimizers named them before, so a rank that had built one more (for an
+    evaluation model, say) submitted ``opt1.bucket0`` where the others submitted
+    ``opt0.bucket0``, and the step stalled until the stall limit."""
+    text = repr([(n, tuple(getattr(p, "shape", ())), str(getattr(p, "dtype", ""))) for n, p in pairs])
+    return hashlib.sha1(text.encode(), usedforsecurity=False).hexdigest()[:10]
 
 
 class Negotiated:
@@ -43,9 +60,39 @@ class Negotiated:
 
     checks_layout = True  # the coordinator compares every bucket by name on every rank
 
-    def __init__(self, process_set: ProcessSet, prefix: str) -> None:
+    def __init__(self, process_set: ProcessSet) -> None:
         self.process_set = process_set
-        self.prefix = prefix
+        self.digest = ""
+        self.slot = 0
+        self.prefix = "opt"
+        self._owner: Callable[[], _Core | None] = lambda: None
+
+    def bind(self, owner: _Core, digest: str) -> None:
+        """Called once the optimizer using this strategy exists, with the digest of its
+        parameters (see :func:`_digest` and :meth:`_name_for`)."""
+        self._owner = weakref.ref(owner)
+        self.digest = digest
+        self.prefix = f"opt.{digest}"
+        for gone in [d for d, alike in _BY_DIGEST.items() if not alike]:
+            del _BY_DIGEST[gone]
+        _BY_DIGEST.setdefault(digest, weakref.WeakSet()).add(self)
+
+    def _in_step(self) -> bool:
+        owner = self._owner()
+        return owner is not None and owner.exchange_started
+
+    def _name_for(self, kind: str, name: str | None) -> str:
+        """The coordinator's name of one of this optimizer's operations. Two live
+        optimizers over models alike (same names, shapes and dtypes: two copies of one
+        model, or unnamed parameters) would share names; the one whose step starts while
+        another one's exchange is in flight takes the next free slot. Slots follow the
+        order the script uses the optimizers in, the same on every rank, so an optimizer
+        that a rank built and never stepped changes no name."""
+        if not self._in_step():
+            busy = {o.slot for o in _BY_DIGEST.get(self.digest, ()) if o is not self and o._in_step()}
+            self.slot = next(k for k in itertools.count() if k not in busy)
+            self.prefix = f"opt.{self.digest}" + (f".{self.slot}" if self.slot else "")
+        return f"{kind}.{self.prefix}.{name}"
 
     def group_size(self) -> int:
         # The size the core optimizer averages over (it pre-scales the bucket by 1/size
@@ -61,11 +108,23 @@ class Negotiated:
         if not self.process_set.included():
             return Handle(tensor, lambda: None, name)  # not a member: keep the local sum
         sid = set_id(self.process_set)
-        meta = Meta(f"allreduce.{self.prefix}.{name}", "allreduce", sid,
+        meta = Meta(self._name_for("allreduce", name), "allreduce", sid,
                     str(tensor.dtype).replace("torch.", ""), tuple(tensor.shape),
                     op="sum" if op is collectives.Sum else op.value, device=tensor.device.type)
         h = engine().submit(meta, Request(meta, tensor, output=tensor))
         return Handle(tensor, h.wait, name)
+
+    def allgather(self, tensor: torch.Tensor, name: str | None = None) -> torch.Tensor:
+        """Every member's ``tensor`` along dim 0 (the sparse gradients), negotiated like
+        the buckets: with a rank that has ``join()``-ed it is refused at once, as in
+        Horovod, where a gather on the default group waited for the joined rank."""
+        if not self.process_set.included():
+            return tensor
+        sid = set_id(self.process_set)
+        meta = Meta(self._name_for("allgather", name), "allgather", sid,
+                    str(tensor.dtype).replace("torch.", ""), tuple(tensor.shape), device=tensor.device.type)
+        result: torch.Tensor = engine().submit(meta, Request(meta, tensor)).wait()
+        return result
 
 
 def _named(optimizer: torch.optim.Optimizer, named_parameters: Any) -> list[tuple[str, torch.Tensor]]:
@@ -108,7 +167,7 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name: a factory, as Horovod'
     set_id(process_set)  # registered?
     _check_compression(compression)
     _fresh_state(optimizer)
-    strategy = Negotiated(process_set, f"opt{next(_instances)}")
+    strategy = Negotiated(process_set)
     # A rank outside the set exchanges nothing: its gradients stay as backward left them,
     # as in Horovod (no hooks there); compressed, they went through fp16 for nothing
     # (rounded, and inf above 65504).
@@ -124,6 +183,7 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name: a factory, as Horovod'
         sync_at="step",
     )
     wrapped.__dict__["_parameter_names"] = {p: n for n, p in pairs}
+    strategy.bind(wrapped, _digest(pairs))
     return wrapped
 
 
@@ -196,7 +256,8 @@ class _AdasumOptimizer:
         self.__dict__["_compression"] = compression
         self.__dict__["_process_set"] = process_set
         self.__dict__["_parameter_names"] = {p: n for n, p in pairs}
-        self.__dict__["_prefix"] = f"adasum{next(_instances)}"
+        # Adasum's exchange finishes inside step(), so optimizers alike never overlap.
+        self.__dict__["_prefix"] = f"adasum.{_digest(pairs)}"
         self.__dict__["backward_passes_per_step"] = backward_passes_per_step
 
     # Shared state: the wrapped optimizer's own containers, whatever replaces them.

@@ -393,10 +393,13 @@ class Engine:
             waiting = [r for r in members if r not in entry.metas and r not in self._joined]
             if waiting:
                 continue
-            error = mismatch(entry.metas)
+            refused = [m.refused for m in entry.metas.values() if m.refused]
+            error = refused[0] if refused else mismatch(entry.metas)
             if error is None and joined and first.kind not in REDUCING + ("barrier",):
                 error = (f"{first.kind} {name!r} is not supported after join(): rank(s) {joined} "
-                         "joined; only allreduce, reducescatter and barrier continue with joined ranks")
+                         "joined; only allreduce, reducescatter and barrier continue with joined ranks"
+                         + ("; a DistributedOptimizer gathers sparse gradients: pass it "
+                            "sparse_as_dense=True (as Horovod asks)" if first.kind == "allgather" else ""))
             if error is None and first.kind == "broadcast" and first.root not in members:
                 error = (f"broadcast {name!r}: root rank {first.root} is not a member of the process "
                          f"set (ranks {members})")

@@ -39,6 +39,9 @@ class Meta:
     device: str = "cpu"  #: "cpu" or "cuda"
     #: alltoall: rows sent to each member of the set (may differ by rank)
     splits: tuple[int, ...] = field(default=(), compare=False)
+    #: why this rank cannot take part (its error, already raised there): every member
+    #: gets it, instead of running the operation without this rank's side
+    refused: str = field(default="", compare=False)
 
     @property
     def key(self) -> tuple[int, str]:
