@@ -82,6 +82,11 @@ class WorkerFeed:
         # A loader that has just started splits the batch the loop waits for between
         # two workers (see _split_first): seq -> the halves in so far, by part.
         self._halves = halves(dataset, worker_kwargs.get("collate_fn"))
+        # Without per-batch seeds each batch draws from its worker's stream: the tasks
+        # go to the workers in turn and the first batch is not split (its halves would
+        # draw from two streams), so a run repeats under torch.manual_seed.
+        self._in_turn = not worker_kwargs.get("seed_batches", True)
+        self._halves = self._halves and not self._in_turn
         self._split: dict[int, dict[int, Oversize]] = {}
         # CPU delivery: batches wrapped ahead by the helper thread, (batch index, batch).
         # Every use of the feed's state from here on holds _lock (see ringtrain.data.ahead).
@@ -373,11 +378,12 @@ class WorkerFeed:
         if self._halves and not slots.sized and not pool.owner:
             self._split_first(prefetch)
         while True:
-            worker = pool.pick()
+            worker = pool.in_turn() if self._in_turn else pool.pick()
             if worker is None:
                 break
-            room = min(prefetch - window.out, pool.per_worker - len(worker.outstanding))
-            if room < 2 and worker.outstanding and window.left >= 2:
+            room = 1 if self._in_turn else min(prefetch - window.out,
+                                               pool.per_worker - len(worker.outstanding))
+            if room < 2 and worker.outstanding and window.left >= 2 and not self._in_turn:
                 # Every worker has work queued. Waking an idle worker costs a context
                 # switch (~0.1 ms measured in a VM, 1% of a 10 ms step): send two tasks
                 # per wake-up instead of one.

@@ -173,7 +173,10 @@ class Loader:
         worker_init_fn: ``f(worker_id)`` run once in each worker.
         seed_workers: seed ``random``/``numpy``/``torch`` in workers per batch (per half
             batch, see ``workers.halves``) from its position, so augmentations do not
-            depend on which worker loads it.
+            depend on which worker loads it. ``False``: as DataLoader, worker ``i`` is
+            seeded once with a base drawn from torch's default generator plus ``i``,
+            and batches go to the workers in turn (repeats under ``torch.manual_seed``
+            with a fixed ``num_workers``).
         zero_copy: hand out views of the shared slots (``False``: always copy out).
         keep: zero-copy batches the loop may hold at once before later ones are copied.
         pin_memory: page-lock slots for the CUDA copy (default: when device is CUDA).
@@ -625,7 +628,9 @@ class Loader:
             starts = np.cumsum(self._shard_sizes())
             shards = sorted({int(np.searchsorted(starts, i, side="right")) for i in idx})
             where = "; shards " + ", ".join(names[s] for s in shards[:4])
-        return f"batch {k} of epoch {plan.epoch} (sample indices {shown}{where})"
+        # k counts from the plan's start; a resumed plan starts inside the epoch.
+        return (f"batch {plan.first_batch + k} of epoch {plan.epoch} (sample indices "
+                f"{shown}{where})")
 
     def _set_workers(self, n: int) -> None:
         self.num_workers = n

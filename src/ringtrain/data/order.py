@@ -156,6 +156,14 @@ class EpochPlan:
     def batch_len(self, batch: int) -> int:
         return min(self.batch_size, self.per_rank - batch * self.batch_size)
 
+    @property
+    def first_batch(self) -> int:
+        """Batches of the epoch each rank had before this plan's batch 0 (0 unless
+        resumed): batch ``k`` of the plan is batch ``first_batch + k`` of the epoch.
+        (After a resume at another world or batch size: the batches of this plan's
+        size that the samples consumed before it fill, the last one counted whole.)"""
+        return -(-self.start // (self.batch_size * self.world_size))
+
     # ---- positions and indices -------------------------------------------------------
     def batch_positions(self, batch: int) -> np.ndarray:
         """Global positions (before wrap-around) of batch ``batch`` of this rank."""
@@ -328,6 +336,14 @@ class ShardPlan:
 
     def batch_len(self, batch: int) -> int:
         return min(self.batch_size, self.per_rank - batch * self.batch_size)
+
+    @property
+    def first_batch(self) -> int:
+        """Batches of the epoch each rank had before this plan's batch 0: those of the
+        earlier stages (each rank's, a short last one counted) and of this stage before
+        ``start``; batch ``k`` of the plan is batch ``first_batch + k`` of the epoch."""
+        earlier = sum(-(-int(done) // int(batch)) for _, batch, done in self.resumed)
+        return earlier + -(-self.start // self.batch_size)
 
     def position_after(self, batches: int) -> int:
         """This rank's samples consumed (from its range's start) after ``batches`` more."""

@@ -214,12 +214,11 @@ def _worker_main(wid: int, num_workers: int, conn: Connection, dataset: Any,
     _WORKER_INFO = WorkerInfo(wid, num_workers, seed, dataset)
     if not seed_batches:
         # A forked worker starts with the training process's RNG states, and torch's
-        # generator is not reseeded at fork: without per-batch seeds every worker drew
-        # the same numbers (torch.rand augmentations repeated from worker to worker, the
-        # two halves of a first batch alike). A seed of its own, from the OS, as
-        # DataLoader gives each worker (also what torch.initial_seed() says to a
-        # worker_init_fn).
-        _seed_batch(int(np.random.SeedSequence().generate_state(1, np.uint64)[0] >> 1))
+        # generator is not reseeded at fork: without a seed of its own every worker drew
+        # the same numbers. ``seed`` is the pool's base seed + wid (see WorkerPool), as
+        # DataLoader seeds its workers; also what torch.initial_seed() says to a
+        # worker_init_fn.
+        _seed_batch(seed)
     seed_halves = seed_batches and halves(dataset, collate_fn)
     slots = WorkerSlots()
     indexers: dict[int, BatchIndexer | ShardIndexer] = {}
@@ -269,6 +268,8 @@ def _indexer(plan: EpochPlan | ShardPlan) -> BatchIndexer | ShardIndexer:
 def _run_task(conn: Connection, task: Task, indexer: BatchIndexer | ShardIndexer,
               slots: WorkerSlots, dataset: Any, collate_fn: Callable[[list[Any]], Any] | None,
               seed_halves: bool, seed_batches: bool) -> None:
+    # ``batch`` counts from the plan's start; messages name the batch by its place in
+    # the epoch (plan.first_batch + batch), which differs after a resume.
     plan, seq, batch, slot_id = indexer.plan, task.seq, task.batch, task.slot_id
     try:
         indices = indexer(batch)
@@ -305,12 +306,13 @@ def _run_task(conn: Connection, task: Task, indexer: BatchIndexer | ShardIndexer
         where = (f"sample index {err.index}" if isinstance(err.index, int)
                  else f"__getitems__ for sample indices {_short(err.index)}")
         conn.send(encode(Failed(seq, slot_id, f"{_who()} raised {type(cause).__name__} at "
-                                f"{where} (batch {batch} of epoch {plan.epoch}):\n"
+                                f"{where} (batch {plan.first_batch + batch} of epoch "
+                                f"{plan.epoch}):\n"
                                 + "".join(traceback.format_exception(cause)).rstrip())))
     except Exception as err:
         conn.send(encode(Failed(seq, slot_id, f"{_who()} raised {type(err).__name__} while "
                                 f"collating sample indices {_short(indexer(batch).tolist())} "
-                                f"(batch {batch} of epoch {plan.epoch}):\n"
+                                f"(batch {plan.first_batch + batch} of epoch {plan.epoch}):\n"
                                 + traceback.format_exc().rstrip())))
 
 
@@ -383,6 +385,16 @@ class WorkerPool:
         self._collate_fn = collate_fn
         self._seed = seed
         self._seed_batches = seed_batches
+        # Without per-batch seeds, worker w is seeded with base + w, the base drawn here,
+        # in the training process, from torch's default generator (one draw per pool, as
+        # DataLoader does per iterator, and once for persistent workers): a script that
+        # calls torch.manual_seed(s) gets the same augmentations in every run. (Seeded
+        # from the OS, as before, they differed from run to run.)
+        self.base_seed = (0 if seed_batches else
+                          int(torch.empty((), dtype=torch.int64).random_().item()))
+        #: Without per-batch seeds, whole tasks go to the workers in turn (see in_turn):
+        #: the tasks sent so far.
+        self.turn = 0
         self._init_fn = worker_init_fn
         self.per_worker = per_worker
         self.workers: list[_Worker] = []
@@ -423,7 +435,8 @@ class WorkerPool:
                   if self._ctx.get_start_method() == "fork" else [])
         proc = self._ctx.Process(  # type: ignore[attr-defined]
             target=_worker_main, name=f"ringtrain-loader-{wid}", daemon=True,
-            args=(wid, n, child_conn, self._dataset, self._collate_fn, self._seed,
+            args=(wid, n, child_conn, self._dataset, self._collate_fn,
+                  self._seed if self._seed_batches else self.base_seed + wid,
                   self._seed_batches, self._init_fn, os.getpid(), theirs))
         proc.start()
         child_conn.close()  # so the worker's end lives only in the worker
@@ -450,6 +463,20 @@ class WorkerPool:
                 best = w
         return best
 
+    def in_turn(self) -> _Worker | None:
+        """The worker whose turn the next task is, if it can take one (else None: wait).
+
+        Without per-batch seeds a batch's random numbers are those of the worker's
+        stream where it stands, so the batches must go to the workers in a fixed order,
+        worker ``t mod n`` for the ``t``-th task as DataLoader sends them, for a run to
+        repeat; the least busy worker (pick) depends on timing.
+        """
+        active = self.active
+        if not active:
+            return None
+        w = active[self.turn % len(active)]
+        return w if len(w.outstanding) < self.per_worker else None
+
     def submit(self, w: _Worker, seq: int, plan_id: int, plan: EpochPlan | ShardPlan, batch: int,
                slot: Slot | None, part: int = 0) -> None:
         """Send ``w`` the task ``seq`` (for part 2 of a split batch: ``~seq``)."""
@@ -466,6 +493,7 @@ class WorkerPool:
             self._raise_died(w, seq)
         w.outstanding.add(seq)
         self.owner[seq] = w
+        self.turn += 1
 
     def forget_slots(self, slot_ids: list[int]) -> None:
         """Tell workers to unmap retired slots (their memory is freed with the last map)."""

@@ -9,6 +9,7 @@ runs stages with GPipe or 1F1B micro-batch schedules. One module per concern:
 - :mod:`~ringtrain.parallel.layout`   degrees, rank coordinates, checks (pure)
 - :mod:`~ringtrain.parallel.mesh`     the ``DeviceMesh`` of a layout
 - :mod:`~ringtrain.parallel.split`    pipeline units and the cut into stages
+- :mod:`~ringtrain.parallel.order`    the check that forward runs the units as the stages do
 - :mod:`~ringtrain.parallel.tensor`   tensor-parallel plans (column / row splits)
 - :mod:`~ringtrain.parallel.shard`    FSDP2, with its gathers and scatters timed
 - :mod:`~ringtrain.parallel.pipeline` the stage and its schedule, with the bubble timed

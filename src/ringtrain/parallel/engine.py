@@ -32,6 +32,7 @@ from ringtrain.errors import CheckpointError, ConfigError, rank_list
 from ringtrain.parallel.layout import Coords, Layout
 from ringtrain.parallel.memory import StateMemory, state_memory
 from ringtrain.parallel.mesh import Mesh, build_mesh
+from ringtrain.parallel.order import OrderProbe, order_probe
 from ringtrain.parallel.pipeline import Pipeline, StageTimes
 from ringtrain.parallel.shard import apply_fsdp
 from ringtrain.parallel.split import StageModule, pipeline_units, split_units
@@ -76,6 +77,9 @@ class Parallel:
         self._first_header: list[int] | None = None
         #: Whether the first step checked that each tensor group got one batch.
         self._batches_checked = False
+        #: The model's own forward on meta tensors, until a step has checked that it runs
+        #: the units as the stages do (see :mod:`ringtrain.parallel.order`).
+        self.order_probe: OrderProbe | None = None
 
     # -- facts --------------------------------------------------------------------------
 
@@ -219,6 +223,7 @@ class Parallel:
         shape = h[2:2 + h[0]]
         self.layout.check_batch(int(shape[0]) if shape else 0)
         self._check_same_shapes(h)
+        self._check_unit_order(h)
         if self.is_first_stage:
             buf = targets.to(comm_device).contiguous()
         else:
@@ -226,6 +231,20 @@ class Parallel:
         inflight.hold(buf)
         dist.broadcast(buf, src=src, group=group)
         return buf.to(self.device) if self.is_last_stage else None
+
+    def _check_unit_order(self, header: list[int]) -> None:
+        """A ConfigError on every stage when the model's forward is not its units in order.
+
+        Every stage knows the inputs' shape and dtype from the header and holds the same
+        probe, so all of them find the same answer, before the targets are sent.
+        """
+        probe, inputs = self.order_probe, header[_PART_LEN:]
+        if probe is None or inputs[1] < 0:
+            return
+        shape = [int(n) for n in inputs[2:2 + inputs[0]]]
+        shape[0] //= self.layout.m  # what stage 0 gets: one micro-batch
+        probe.check(shape, _DTYPES[inputs[1]], self.layout.pipeline)
+        self.order_probe = None  # checked once; a failed check stays and fails every step
 
     def _check_same_shapes(self, header: list[int]) -> None:
         """A ConfigError on every stage when this batch's shapes differ from the first's.
@@ -386,8 +405,31 @@ def _check(model: nn.Module, layout: Layout, split: str | Sequence[str],
                 "'blocks.*.mlp.proj': 'rowwise'}")
         resolved = resolve_plan(model, tensor_plan)
         check_plan(model, resolved, layout.tensor)
+    elif tensor_plan is not None:
+        # A plan describes the model, so a script may pass it at any degree (the example
+        # does); with tensor=1 it splits nothing, but a wrong one (a pattern matching no
+        # module, a layer that is not linear) must not wait for tensor > 1 to show.
+        check_plan(model, resolve_plan(model, tensor_plan), 1)
     groups = split_units(model, layout.pipeline, split) if layout.pipeline > 1 else None
     return resolved, groups
+
+
+def _check_unpipelined(layout: Layout, split: str | Sequence[str] | None,
+                       schedule: str | None) -> None:
+    """A ConfigError for a pipeline setting given without a pipeline, which would do nothing."""
+    if layout.pipeline > 1:
+        return
+    if schedule is not None and schedule != "1f1b":
+        # (Layout normalised it; the default, "1f1b", is what leaving it out means.)
+        raise ConfigError(
+            f"schedule={schedule!r} has no effect with pipeline=1 (there are no stages to "
+            "schedule); drop schedule= or raise pipeline")
+    if split is None or (isinstance(split, str) and split == "params"):
+        return
+    if isinstance(split, str) or list(split):
+        raise ConfigError(
+            f"split={split!r} has no effect with pipeline=1 (there is one stage, nothing to "
+            "cut); drop split= or raise pipeline")
 
 
 _NO_DATA = ("step() needs inputs and targets on every rank when there is no pipeline "
@@ -461,7 +503,7 @@ def _agree(problem: str | None, rank: int, world: int,
 def parallelize(model: nn.Module, loss_fn: LossFn, *, pipeline: int = 1, tensor: int = 1,
                 data: int | None = None, shard: bool | None = None,
                 microbatches: int | None = None,
-                schedule: str = "1f1b", split: str | Sequence[str] = "params",
+                schedule: str | None = None, split: str | Sequence[str] | None = None,
                 tensor_plan: Mapping[str, str] | None = None,
                 device: torch.device | str | None = None) -> Parallel:
     """Lay the world out as ``pipeline x data x tensor`` and apply each technique.
@@ -471,21 +513,27 @@ def parallelize(model: nn.Module, loss_fn: LossFn, *, pipeline: int = 1, tensor:
             taken over: units of other stages are dropped to free their memory, the
             rest are split and sharded in place. Use ``Parallel.module`` afterwards.
         loss_fn: ``loss_fn(output, target)``, a mean over its samples.
-        pipeline, tensor, data, microbatches, schedule: see :class:`Layout`.
+        pipeline, tensor, data, microbatches: see :class:`Layout`.
+        schedule: ``"1f1b"`` (the default) or ``"gpipe"``; another schedule than the
+            default with ``pipeline=1`` is a ConfigError (it would do nothing).
         shard: shard the state over the data ranks (``None``, the default: yes);
             ``True`` with a single data replica warns that it has no effect.
-        split: how to cut stages: ``"params"`` (even parameter count) or the names of
-            the units that start stages 1, 2, ... (e.g. ``["blocks.3"]``).
+        split: how to cut stages: ``"params"`` (the default: even parameter count) or
+            the names of the units that start stages 1, 2, ... (e.g. ``["blocks.3"]``);
+            split points with ``pipeline=1`` are a ConfigError.
         tensor_plan: module-name patterns -> ``"colwise"`` / ``"rowwise"``
-            (see :mod:`ringtrain.parallel.tensor`); needed when ``tensor > 1``.
+            (see :mod:`ringtrain.parallel.tensor`); needed when ``tensor > 1``. With
+            ``tensor=1`` it splits nothing but is still checked against the model.
         device: default ``rt.device()``.
     """
     rank, world = _world()
     problem: str | None = None
     try:
         layout = Layout(pipeline, tensor, data, shard is not False, microbatches,
-                        schedule).resolve(world)
-        resolved, groups = _check(model, layout, split, tensor_plan)
+                        "1f1b" if schedule is None else schedule).resolve(world)
+        _check_unpipelined(layout, split, layout.schedule if schedule is not None else None)
+        resolved, groups = _check(model, layout, "params" if split is None else split,
+                                  tensor_plan)
     except ConfigError as exc:
         problem = str(exc)
     _agree(problem, rank, world, _fingerprint(model) if world > 1 else ())
@@ -496,7 +544,10 @@ def parallelize(model: nn.Module, loss_fn: LossFn, *, pipeline: int = 1, tensor:
     coords = layout.coords(rank)
     mesh = build_mesh(layout, dev.type) if world > 1 else None
 
+    probe = None
     if groups is not None:
+        # Before the cut: the probe copies the model's structure (as meta tensors).
+        probe = order_probe(model, [name for group in groups for name, _ in group])
         mine = groups[coords.stage]
         for stage, others in enumerate(groups):
             if stage != coords.stage:
@@ -525,5 +576,6 @@ def parallelize(model: nn.Module, loss_fn: LossFn, *, pipeline: int = 1, tensor:
         pipe = Pipeline(module, coords.stage, layout.pipeline, layout.m, layout.schedule,
                         loss_fn, dev, mesh.pipeline_group())
     par = Parallel(layout, coords, module, mesh, loss_fn, pipe, dev, rank)
+    par.order_probe = probe
     log.info("%r", par)
     return par

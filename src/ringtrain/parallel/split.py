@@ -4,7 +4,9 @@ A model can be pipelined when its forward is its *units* applied in order, each 
 the previous one's output. The units are the model's top-level children, with an
 ``nn.ModuleList`` or ``nn.Sequential`` child opened one level (so ``blocks.0``,
 ``blocks.1``, ... are units of their own); an ``nn.Sequential`` model's units are its
-children. A GPT written as ``embed -> blocks[0..L) -> head`` is such a model.
+children. A GPT written as ``embed -> blocks[0..L) -> head`` is such a model. The
+stages run the units, never the model's forward; :mod:`ringtrain.parallel.order`
+checks at the first pipelined step that the forward does the same.
 
 A stage is a contiguous run of units. :class:`StageModule` holds them under their
 original names, so a stage's ``state_dict`` keys are exactly the full model's keys for

@@ -1,0 +1,120 @@
+"""Check that a model's forward runs its pipeline units as the stages will.
+
+A pipeline never calls the model's own ``forward``: each stage applies its units in
+registration order, each to the previous one's output alone (:class:`StageModule`).
+A model whose forward runs the units in another order, skips or reuses one, passes a
+unit more than the previous output, or computes between units (``torch.tanh(...)``
+around a unit, a residual across units) would be trained as another network without
+any error: the loss still falls, only not the model's.
+
+So the first pipelined step runs the model's own forward once on the ``meta`` device
+(shapes only: no memory, no arithmetic), on a copy whose parameters are meta tensors,
+and watches the units with forward hooks: unit ``i`` must be the ``i``-th call, get
+exactly the previous unit's output object (the model's input for the first), and the
+model must return the last unit's output object. Identity, not equality, so any
+computation in between is seen. A forward that cannot run on ``meta`` (an operation
+without a meta kernel, a branch on a value) is not checked, with a warning.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from ringtrain.errors import ConfigError
+
+__all__ = ["OrderProbe", "order_probe"]
+
+log = logging.getLogger("ringtrain.parallel")
+
+
+def order_probe(model: nn.Module, names: Sequence[str]) -> OrderProbe | None:
+    """A probe of ``model``'s forward over the units ``names``, or None (not copyable).
+
+    Call before the model is cut: the copy shares no storage with it (every parameter
+    and buffer is replaced by a meta tensor of its shape), so it costs no memory.
+    """
+    memo: dict[int, Any] = {}
+    for t in (*model.parameters(), *model.buffers()):
+        if id(t) not in memo:
+            meta = torch.empty_like(t, device="meta")
+            memo[id(t)] = (nn.Parameter(meta, requires_grad=t.requires_grad)
+                           if isinstance(t, nn.Parameter) else meta)
+    try:
+        skeleton = copy.deepcopy(model, memo)
+    except Exception as exc:  # a module holding something that cannot be copied
+        log.warning("cannot check that the model's forward runs its pipeline units in "
+                    "order (the model cannot be copied: %s)", exc)
+        return None
+    return OrderProbe(skeleton, names)
+
+
+class OrderProbe:
+    """The model's forward, on meta tensors, compared with the stages' order."""
+
+    def __init__(self, skeleton: nn.Module, names: Sequence[str]) -> None:
+        self.skeleton = skeleton
+        self.names = list(names)
+
+    def check(self, shape: Sequence[int], dtype: torch.dtype, stages: int) -> None:
+        """A ConfigError unless forward on an input of ``shape`` runs the units in order."""
+        units = [self.skeleton.get_submodule(name) for name in self.names]
+        calls: list[tuple[int, tuple[Any, ...], dict[str, Any], Any]] = []
+
+        def hook(i: int) -> Any:
+            def record(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
+                       output: Any) -> None:
+                calls.append((i, args, kwargs, output))
+            return record
+
+        handles = [unit.register_forward_hook(hook(i), with_kwargs=True)
+                   for i, unit in enumerate(units)]
+        x = torch.empty(list(shape), dtype=dtype, device="meta")
+        try:
+            with torch.no_grad():
+                out = self.skeleton(x)
+        except Exception as exc:
+            log.warning("cannot check that the model's forward runs its pipeline units in "
+                        "order (it does not run on the meta device: %s: %s); a forward that "
+                        "does anything else than apply them in order trains another model",
+                        type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "")
+            return
+        finally:
+            for handle in handles:
+                handle.remove()
+        problem = self._problem(calls, x, out)
+        if problem is None:
+            return
+        shown = ", ".join(self.names[:5]) + (", ..." if len(self.names) > 5 else "")
+        raise ConfigError(
+            f"pipeline={stages}: the model's forward {problem}, but a pipeline stage runs "
+            f"the units ({shown}) in registration order, each once on the previous one's "
+            "output alone, so it would train another model; register the units in the "
+            "order forward calls them and move any computation between them into a unit "
+            "(or train without a pipeline)")
+
+    def _problem(self, calls: Sequence[tuple[int, tuple[Any, ...], dict[str, Any], Any]],
+                 x: torch.Tensor, out: Any) -> str | None:
+        names = self.names
+        previous: Any = x
+        for at, (i, args, kwargs, output) in enumerate(calls):
+            if i < at:
+                return f"calls {names[i]} again after {names[calls[at - 1][0]]}"
+            if i > at:
+                return (f"calls {names[i]} where {names[at]} comes next" if at == 0 else
+                        f"calls {names[i]} after {names[calls[at - 1][0]]}, where "
+                        f"{names[at]} comes next")
+            if kwargs or len(args) != 1 or args[0] is not previous:
+                given = "the model's input" if at == 0 else f"the output of {names[at - 1]}"
+                return f"does not call {names[i]} with {given} alone"
+            previous = output
+        if len(calls) < len(names):
+            return f"never calls {names[len(calls)]}"
+        if out is not previous:
+            return f"does not return the output of {names[-1]} as it is"
+        return None
