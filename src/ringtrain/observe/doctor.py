@@ -22,8 +22,10 @@ import collections
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -41,11 +43,20 @@ EXIT_NO_STEPS = 3
 #: Output lines of the script kept to show when it fails.
 TAIL_LINES = 20
 NO_STEP_MESSAGE = ("no ringtrain step was measured: does the script use "
-                   "rt.DistributedOptimizer / rt.data.Loader (or rt.observe.instrument)?")
+                   "rt.DistributedOptimizer / rt.data.Loader (or rt.observe.instrument)? "
+                   "Metering starts at rt.init(): call it before the training loop")
 
 
 class _UsageError(Exception):
     pass
+
+
+class _Stopped(Exception):
+    """The doctor got SIGTERM or SIGHUP (``kill``, ``timeout``, a closed terminal)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -91,6 +102,10 @@ def build_command(args: argparse.Namespace) -> list[str]:
                           "drop it, or give -np")
     exe = command[0]
     if shutil.which(exe) is None and not (os.sep in exe and os.access(exe, os.X_OK)):
+        if os.path.isfile(exe):
+            # ``ringtrain doctor -- train.py``: the file is there, the interpreter is missing.
+            raise _UsageError(f"{exe!r} is a file, not a command; run it with python: "
+                              f"ringtrain doctor -- python {' '.join(command)}")
         raise _UsageError(f"command {exe!r} not found; check the spelling or use a full path")
     if args.np > 1:
         # ringrun as a module of this interpreter: no reliance on PATH.
@@ -138,19 +153,34 @@ def _clean(out: Path, timeline: Path) -> None:
 def _run(command: list[str], env: dict[str, str], quiet: bool) -> tuple[int, list[str]]:
     """Run, echoing output; returns (exit status, last output lines)."""
     tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
-    proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            stdin=subprocess.DEVNULL, text=True, errors="replace", bufsize=1)
-    assert proc.stdout is not None
+
+    def on_signal(signum: int, _frame: object) -> None:
+        raise _Stopped(signum)
+
+    # SIGTERM/SIGHUP would end the doctor and leave the script (or ringrun and its ranks)
+    # training on, orphaned: stop it first, as for Ctrl-C.
+    previous = ({s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGHUP)}
+                if threading.current_thread() is threading.main_thread() else {})
+    proc: subprocess.Popen[str] | None = None
     try:
+        proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, text=True, errors="replace", bufsize=1)
+        assert proc.stdout is not None
         for line in proc.stdout:
             tail.append(line.rstrip("\n"))
             if not quiet:
                 sys.stdout.write(line)
                 sys.stdout.flush()
         code = proc.wait()
-    except KeyboardInterrupt:
-        stop_sequence([PlainProcess(proc)], grace=10.0)
+    except (KeyboardInterrupt, _Stopped):
+        for s in previous:  # a second signal must not cut the stop short
+            signal.signal(s, signal.SIG_IGN)
+        if proc is not None:
+            stop_sequence([PlainProcess(proc)], grace=10.0)
         raise
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
     return (128 - code if code < 0 else code), list(tail)
 
 
@@ -192,6 +222,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         _say("interrupted")
         return 130
+    except _Stopped as exc:
+        _say(f"stopped by {signal.Signals(exc.signum).name}; the script was stopped too")
+        return 128 + exc.signum
     except OSError as exc:
         print(f"ringtrain doctor: error: cannot start {command[0]!r}: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -214,7 +247,8 @@ def main(argv: list[str] | None = None) -> int:
     steps = min(r["summary"]["steps"] for r in measured)
     print()
     _say(f"{len(measured)} of {args.np} rank(s) reported, {steps} steps measured "
-         f"after {args.warmup} warm-up")
+         f"after {args.warmup} warm-up"
+         + (f" (the script ended before the {args.steps} asked)" if steps < args.steps else ""))
     if len(measured) < args.np:
         missing = sorted(set(range(args.np)) - {r["rank"] for r in measured})
         _say(f"no report from rank(s) {missing}")

@@ -37,6 +37,11 @@ def batch_size_of(batch: Any) -> int | None:
             first = batch[0]
             if getattr(first, "shape", None) is None and not isinstance(first, (tuple, list, dict)):
                 return len(batch)  # a list of samples
+            if len(batch) > 1 and isinstance(first, (tuple, list, dict)) and all(
+                    type(b) is type(first) and len(b) == len(first) for b in batch):
+                # Samples alike, not collated (collate_fn=lambda b: b, as for detection):
+                # [(image, target), ...]. Collated fields differ: (inputs, labels).
+                return len(batch)
             batch = first
         else:
             return None

@@ -83,6 +83,8 @@ class RankView:
     pipeline: dict[str, Any] | None = None
     #: How the loader's dataset decodes images: "whole", "DecodeCrop", "DecodeCrop(cuda)"
     images: str | None = None
+    #: Ranks in the job (the report's world size).
+    size: int = 1
 
     @property
     def data_share(self) -> float:
@@ -121,6 +123,7 @@ def rank_view(report: dict[str, Any]) -> RankView:
         shard_bytes_per_step=float(par.get("shard_bytes_per_step", 0.0)),
         pipeline=par.get("pipeline"),
         images=loader.get("images"),
+        size=int(report.get("size", 1)),
     )
 
 
@@ -255,14 +258,60 @@ def _exchange_advice(r: RankView, worst_wait_rank: RankView) -> list[str]:
     return advice
 
 
-def _compute_advice(r: RankView) -> list[str]:
-    advice = [
-        f"the device is busy {_pct(r.busy)} of the step: input and exchange are hidden. "
-        "Faster steps now come from less device work per sample: mixed precision "
-        "(torch.autocast), a larger per-device batch if memory allows, torch.compile.",
-        "adding ranks should scale nearly linearly while the exchange wait stays under "
-        f"{_pct(BOUND_SHARE)}; re-run the doctor with -np N to check.",
-    ]
+def _unmetered(ranks: list[RankView]) -> list[str]:
+    """What the job spent time on that no publisher reported: ``"data"`` (a data source
+    neither rt.data.Loader nor wrapped in rt.observe.instrument: a plain torch DataLoader
+    or generator) and ``"exchange"`` (several ranks, but no gradient exchange seen: torch
+    DDP or the script's own collectives). The meter counts that time as compute, so a
+    compute-bound verdict cannot be told from an input- or exchange-bound one."""
+    out = []
+    if all(v.source is None and v.data_share == 0 for v in ranks):
+        out.append("data")
+    if max(max(v.size for v in ranks), len(ranks)) > 1 and all(
+            v.bytes_per_step == 0 and v.exchange_share == 0 and v.shard_share == 0
+            and v.bubble_share == 0 for v in ranks):
+        out.append("exchange")
+    return out
+
+
+_UNMETERED_EVIDENCE = {
+    "data": "input: not metered (the loop's data source is neither rt.data.Loader nor wrapped "
+            "in rt.observe.instrument): the loop's wait for batches counts as compute and as "
+            "device busy here",
+    "exchange": "exchange: none metered on {size} ranks: gradients combined by torch DDP or "
+                "the script's own collectives count as compute here",
+}
+_UNMETERED_ADVICE = {
+    "data": "meter the data source and run the doctor again: iterate "
+            "rt.observe.instrument(loader) (a torch DataLoader, a generator) or use "
+            "rt.data.Loader; until then a loop that waits for batches looks like a busy device.",
+    "exchange": "meter the gradient exchange and run the doctor again: wrap the optimizer in "
+                "rt.DistributedOptimizer(opt, named_parameters=model.named_parameters()) "
+                "instead of torch DDP; until then the all-reduce looks like compute.",
+}
+
+
+def _compute_advice(r: RankView, unmetered: list[str],
+                    most_waiting: RankView | None = None) -> list[str]:
+    """``r``: the last rank to arrive at the exchange (its busy share is the job's);
+    ``most_waiting``: the rank that waits longest there, when it waits for ``r``."""
+    advice = [_UNMETERED_ADVICE[k] for k in unmetered]
+    if most_waiting is not None:
+        advice.append(
+            f"rank {most_waiting.rank} waits {_pct(most_waiting.exchange_share)} of the step at "
+            f"the exchange against {_pct(r.exchange_share)} on rank {r.rank}: it waits for "
+            f"rank {r.rank}, the slowest rank (uneven batches, a slower device or a CPU shared "
+            "with other work); even out the work and every rank's step gets shorter.")
+    if not unmetered:
+        advice.append(
+            f"the device is busy {_pct(r.busy)} of the step"
+            + (f" on rank {r.rank}" if r.size > 1 else "") + ": input and exchange are "
+            "hidden. Faster steps now come from less device work per sample: mixed precision "
+            "(torch.autocast), a larger per-device batch if memory allows, torch.compile.")
+    if "exchange" not in unmetered and most_waiting is None:
+        advice.append(
+            "adding ranks should scale nearly linearly while the exchange wait stays under "
+            f"{_pct(BOUND_SHARE)}; re-run the doctor with -np N to check.")
     gpu = r.gpu
     if gpu and gpu.get("mem_total"):
         used, total = gpu["mem_used_max"], gpu["mem_total"]
@@ -350,6 +399,9 @@ def diagnose(reports: list[dict[str, Any]]) -> Diagnosis:
                                              f"{first.workers} worker process(es)"
                                              if first.workers else "workers unknown"))
         evidence.append(f"input: {loads}; CPU budget {first.cpus_per_rank:g} per rank")
+    unmetered = _unmetered(ranks)
+    evidence += [_UNMETERED_EVIDENCE[k].format(size=max(max(v.size for v in ranks), n))
+                 for k in unmetered]
     if ranks[0].bytes_per_step:
         hidden = ranks[0].hidden_share
         evidence.append(
@@ -372,12 +424,21 @@ def diagnose(reports: list[dict[str, Any]]) -> Diagnosis:
             + (f", even on rank {shard_rank.rank}, the last to arrive" if n > 1 else "") + ".",
             evidence, _shard_advice(shard_rank), ranks)
     if max(data_score, exchange_score) < BOUND_SHARE:
-        best = min(ranks, key=lambda v: v.busy)
+        # Ranks that wait long at the exchange while the last to arrive does not wait for
+        # the slowest rank: name it, rather than calling the waiting time device work.
+        straggler = (most_waiting if n > 1 and most_waiting.exchange_share >= BOUND_SHARE
+                     and most_waiting.exchange_share > 2 * exchange_score else None)
+        caveat = {"data": "the data source", "exchange": "the gradient exchange"}
         return Diagnosis(
             "compute-bound",
-            f"COMPUTE-BOUND: data wait ({_pct(data_score)}) and exchange wait "
-            f"({_pct(exchange_score)}) are both under {_pct(BOUND_SHARE)} of the step.",
-            evidence, _compute_advice(best), ranks)
+            "COMPUTE-BOUND" + (" as far as measured" if unmetered else "")
+            + f": data wait ({_pct(data_score)}) and exchange wait "
+            f"({_pct(exchange_score)}) are both under {_pct(BOUND_SHARE)} of the step"
+            + (f" on rank {last_to_arrive.rank}, the slowest" if straggler else "")
+            + (", but " + " and ".join(caveat[k] for k in unmetered)
+               + (" were" if len(unmetered) > 1 else " was")
+               + " not metered: that time counts as compute" if unmetered else "") + ".",
+            evidence, _compute_advice(last_to_arrive, unmetered, straggler), ranks)
     if data_score >= exchange_score:
         who = f" on rank {starved.rank}" if n > 1 else ""
         return Diagnosis(
