@@ -152,6 +152,7 @@ class _Workers:
                version: int) -> None:
         if self.refuse is not None:
             raise self.refuse
+        self.dir.mkdir(parents=True, exist_ok=True)  # as JobWorkers does before writing a world
         for s in new:
             host = self.hosts[s.host]
             host.workers.append(s.worker)
