@@ -254,8 +254,15 @@ def drive(call: Callable[[], T], state: ElasticState, leave: Callable[[Callable[
     if resizable():
         _watch()
     start()
+    sync = False
     while True:
         try:
+            if sync:
+                # Inside the try, as in Horovod: a peer lost while the new world takes
+                # rank 0's state (a joining rank whose script failed after init) is one
+                # more change of size, not the end of every survivor.
+                sync = False
+                state.sync()
             return call()
         except HostsUpdated as exc:
             # Rank 0 saw the new world; this rank's copy may be a moment behind.
@@ -275,5 +282,4 @@ def drive(call: Callable[[], T], state: ElasticState, leave: Callable[[Callable[
             log.warning("%s; world %s has %d rank(s); training goes on from the last commit",
                         target.get("reason") or "the job changed size", target["version"], runtime.size())
         state.on_reset()
-        if not skip_sync:
-            state.sync()
+        sync = not skip_sync

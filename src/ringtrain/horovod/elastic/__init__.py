@@ -85,19 +85,20 @@ def run(func: Callable[..., T]) -> Callable[..., T]:
                     # without it; ringrun re-forms the others.
                     _leave(lambda: None)
                 raise
-        resumed = state.resume_from_disk()
-        state.sync()
-        if resumed:
+        # Horovod's order after a reset: the callbacks, then the sync (what a callback
+        # changes on one rank is then rank 0's on every rank).
+        if state.resume_from_disk():
             log.warning("resumed from the last commit after a restart (attempt %d)",
                         runtime.world().env.attempt)
             state.on_reset()
+        state.sync()
         while True:
             try:
                 result = func(state, *args, **kwargs)
             except HostsUpdatedInterrupt as exc:
+                state.on_reset()
                 if not exc.skip_sync:
                     state.sync()
-                state.on_reset()
                 continue
             state.forget_persisted()  # finished: a later job must not resume from it
             return result

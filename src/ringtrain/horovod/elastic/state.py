@@ -69,6 +69,14 @@ class State(ElasticState):
         self._persist()
         self.check_host_updates()
 
+    def reset(self) -> None:
+        """Horovod's hook for subclasses: called on every rank after a reset event, before
+        the reset callbacks and the sync."""
+
+    def on_reset(self) -> None:
+        self.reset()
+        super().on_reset()
+
     def check_host_updates(self) -> None:
         """Raise :class:`HostsUpdatedInterrupt` on every rank when ringrun has a larger (or
         other) world for the job (a resizable job; collective: rank 0's view decides, so
@@ -235,20 +243,15 @@ class TorchState(ObjectState):
                 part.load_state_dict(broadcast_object(part.state_dict() if runtime.rank() == 0 else None,
                                                       0, name=f"elastic.state.{key}"))
         for key, sampler in self._samplers.items():
-            if resized:
-                # record_batch records every rank's batch, so rank 0's record is the
-                # job's, and it matches the model synced from rank 0 (another survivor
-                # may have committed one batch more or less when a peer died mid-step).
-                got = broadcast_object(sampler.state_dict() if runtime.rank() == 0 else None, 0,
-                                       name=f"elastic.sampler.{key}")
-                sampler.load_state_dict(got)
-                continue
-            # After a restart every rank loaded the same commit: the union of the
-            # processed samples goes to all, then the rest of the epoch is split over
-            # the current ranks.
-            seen = allgather_object(sorted(sampler.processed_indices))
-            sampler.processed_indices = {i for part in seen for i in part}
-            sampler.reset()
+            # Horovod's: rank 0's record (its processed_num, which matches the model
+            # synced from it: another survivor may have committed one batch more or less
+            # when a peer died mid-step), split over the current ranks; and the union of
+            # the indices each rank recorded itself (record_indices, Horovod < 0.23).
+            got = broadcast_object(sampler.state_dict() if runtime.rank() == 0 else None, 0,
+                                   name=f"elastic.sampler.{key}")
+            seen = allgather_object(sorted(sampler.processed_indices), name=f"elastic.sampler.{key}.indices")
+            got["processed_indices"] = sorted({i for part in seen for i in part})
+            sampler.load_state_dict(got)
         super().sync()
 
     def snapshot(self) -> dict[str, Any]:
