@@ -193,6 +193,52 @@ def _agree(kind: str, tensor: torch.Tensor, name: str | None, **fields: Any) -> 
         raise _fail(kind, name, tensor, exc) from exc
 
 
+# Averages whose sum can leave the dtype's range although the mean cannot: int8 at 3
+# ranks averaged 100, 101, 102 to 15, and float16 30000 on 3 ranks to inf. They are
+# summed in a wider dtype and narrowed once, after the division (ringtrain.horovod
+# widens its small integers the same way). bfloat16 has float32's range. The cost: twice
+# (float16) or 8x (int8) the bytes, for averages of these dtypes only.
+_WIDER = {torch.int8: torch.int64, torch.uint8: torch.int64, torch.int16: torch.int64,
+          torch.float16: torch.float32}
+
+
+def _wider(tensor: torch.Tensor, op: ReduceOp) -> torch.dtype | None:
+    return _WIDER.get(tensor.dtype) if op is ReduceOp.AVERAGE and runtime.size() > 1 else None
+
+
+def _reduce_problem(kind: str, tensor: torch.Tensor, op: ReduceOp, name: str | None) -> str | None:
+    """What is wrong with reducing ``tensor`` by ``op`` on this rank alone, if anything."""
+    if not isinstance(op, ReduceOp):
+        return None  # torch_op() raises its own error first
+    if tensor.dtype == torch.bool and op is ReduceOp.AVERAGE:
+        # The sum of bools is their OR, so the mean came out False where every rank had True.
+        return (f"{kind} of {_describe(name, tensor)} cannot average a bool tensor; "
+                "use op=rt.Max (any rank), rt.Min (every rank) or cast it to a number first")
+    if tensor.is_complex() and op in (ReduceOp.MIN, ReduceOp.MAX):
+        return (f"{kind} of {_describe(name, tensor)} cannot take the {op.value} of a complex "
+                "tensor (complex numbers have no order); use rt.Sum or rt.Average, or reduce .abs()")
+    return None
+
+
+def _overlap_problem(kind: str, tensor: torch.Tensor, name: str | None) -> str | None:
+    """An in-place result cannot be written where elements share memory (``expand()``):
+    torch refused the copy back after the exchange, on every rank, with a traceback."""
+    check = getattr(torch, "_debug_has_internal_overlap", None)
+    overlapping = check(tensor) == 1 if check is not None else 0 in tensor.stride()
+    if overlapping and tensor.numel() > 1:
+        return (f"{kind} of {_describe(name, tensor)} writes its result in place, but elements of "
+                f"the tensor (shape {tuple(tensor.shape)}, strides {tensor.stride()}) share memory, "
+                "as after expand(); pass tensor.clone(), or use the out-of-place form")
+    return None
+
+
+def _refuse_alone(problem: str | None) -> None:
+    """One rank has nobody to tell: its problem is an error at once (others go through
+    the header exchange, so that every rank raises it)."""
+    if problem is not None and runtime.size() == 1:
+        raise ConfigError(problem)
+
+
 def barrier() -> None:
     runtime.world()
     dist.barrier()
@@ -207,9 +253,22 @@ def allreduce_async_(
     runtime.world()
     fn = _algorithm(algorithm)
     label = _variant(algorithm)
-    _agree("allreduce", tensor, name, op=_op_code(op), variant=agreement.variant_code(label),
-           variant_label=label)
-    return fn(tensor, op, name)
+    code = _op_code(op)
+    problem = _reduce_problem("allreduce", tensor, op, name) or _overlap_problem("allreduce", tensor, name)
+    _refuse_alone(problem)
+    _agree("allreduce", tensor, name, op=code, variant=agreement.variant_code(label),
+           variant_label=label, problem=problem)
+    wide = _wider(tensor, op)
+    if wide is None:
+        return fn(tensor, op, name)
+    work = tensor.detach().to(wide)
+    inner = fn(work, op, name)
+
+    def narrow() -> None:
+        inner.wait()
+        tensor.copy_(work)
+
+    return Handle(tensor, narrow, name)
 
 
 def allreduce_async(
@@ -250,7 +309,7 @@ def allgather(tensor: torch.Tensor, name: str | None = None) -> torch.Tensor:
     if t.dim() == 0:
         t = t.reshape(1)
     headers = _agree("allgather", t, name)
-    sizes = [h.shape[0] if h.shape else 0 for h in headers] if headers else [t.shape[0]]
+    sizes = [h.rows for h in headers] if headers else [t.shape[0]]
     try:
         longest = max(sizes)
         if t.shape[0] < longest:
@@ -272,6 +331,8 @@ def broadcast_(tensor: torch.Tensor, root_rank: int = 0, name: str | None = None
         if n == 1:
             raise ConfigError(problem)
         root_rank = 0
+    problem = problem or _overlap_problem("broadcast_", tensor, name)
+    _refuse_alone(problem)
     _agree("broadcast", tensor, name, root=root_rank, problem=problem)
     comm = staged(tensor)
     inflight.hold(comm)
@@ -300,9 +361,15 @@ def alltoall(
     """Send ``splits[i]`` rows (dim 0) to rank i; return the rows received, in rank order."""
     n = runtime.size()
     t = staged(tensor.detach().contiguous())
-    send = list(splits) if splits is not None else _even_splits(t.shape[0], n)
     problem = None
-    if len(send) != n or any(s < 0 for s in send) or sum(send) != t.shape[0]:
+    if t.dim() == 0:  # an IndexError on every rank before
+        problem = f"alltoall splits dim 0, but {_describe(name, tensor)} is a scalar"
+        _refuse_alone(problem)
+        t = t.reshape(1)
+    send = list(splits) if splits is not None else _even_splits(t.shape[0], n)
+    if problem is not None:
+        send = [0] * n
+    elif len(send) != n or any(s < 0 for s in send) or sum(send) != t.shape[0]:
         problem = (f"alltoall splits {send} must be {n} non-negative numbers summing to the "
                    f"first dimension {t.shape[0]}")
         if n == 1:
@@ -326,15 +393,17 @@ def reducescatter(tensor: torch.Tensor, op: ReduceOp = Average, name: str | None
     link, half of what an allreduce would move."""
     n, r = runtime.size(), runtime.rank()
     t = tensor.detach()
+    code = _op_code(op)
     problem = None
     if t.dim() == 0:
         problem = f"reducescatter splits dim 0, but {_describe(name, tensor)} is a scalar"
-        if n == 1:
-            raise ConfigError(problem)
         t = t.reshape(1)
-    _agree("reducescatter", t, name, op=_op_code(op), problem=problem)
+    problem = problem or _reduce_problem("reducescatter", t, op, name)
+    _refuse_alone(problem)
+    _agree("reducescatter", t, name, op=code, problem=problem)
     splits = _even_splits(t.shape[0], n)
-    comm = staged(t.contiguous())
+    wide = _wider(t, op)
+    comm = staged(t.to(wide) if wide is not None else t.contiguous())
     parts = list(torch.split(comm, splits))
     out = torch.empty_like(parts[r])
     pieces = [p.contiguous() for p in parts]
@@ -345,40 +414,76 @@ def reducescatter(tensor: torch.Tensor, op: ReduceOp = Average, name: str | None
     except RuntimeError as exc:
         raise _fail("reducescatter", name, tensor, exc) from exc
     finish_average(out, op, n)
-    return out.to(tensor.device)
+    return out.to(device=tensor.device, dtype=tensor.dtype)
 
 
 def _pickled(obj: Any) -> torch.Tensor:
     return torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8)
 
 
+def _pickle_or_problem(obj: Any, what: str) -> tuple[torch.Tensor, str | None]:
+    """The pickled bytes, or (empty, why not): a rank that cannot pickle its object
+    tells the others, so every rank raises the same error (before, it raised alone and
+    the others stalled or met its next collective as a mismatch)."""
+    try:
+        return _pickled(obj), None
+    except Exception as exc:  # noqa: BLE001 - pickle raises TypeError, PicklingError, AttributeError...
+        return torch.empty(0, dtype=torch.uint8), f"{what} cannot pickle {type(obj).__name__}: {first_line(exc, None)}"
+
+
+def _text(data: str) -> torch.Tensor:
+    raw = data.encode()
+    return torch.frombuffer(bytearray(raw), dtype=torch.uint8) if raw else torch.empty(0, dtype=torch.uint8)
+
+
 def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None) -> Any:
     """The root's ``obj`` (pickled) on every rank.
 
     Written on ringtrain's own broadcasts (not ``broadcast_object_list``), so the bytes
-    travel in tensors ringtrain keeps until Gloo lets go of them (:mod:`ringtrain.inflight`)."""
+    travel in tensors ringtrain keeps until Gloo lets go of them (:mod:`ringtrain.inflight`).
+    A root outside the world (on any rank) or an object the root cannot pickle is the
+    same ConfigError on every rank."""
     n = runtime.size()
-    if not 0 <= root_rank < n:
-        raise ConfigError(f"root_rank {root_rank} is outside the world of size {n}")
     if n == 1:
+        if not (isinstance(root_rank, int) and 0 <= root_rank < n):
+            raise ConfigError(f"root_rank {root_rank} is outside the world of size {n}")
         return obj
     label = name or "object"
-    data = _pickled(obj) if runtime.rank() == root_rank else torch.empty(0, dtype=torch.uint8)
-    size = torch.tensor([data.numel()], dtype=torch.int64)
+    me = runtime.rank()
+    data, problem = torch.empty(0, dtype=torch.uint8), None
+    if me == root_rank:
+        data, problem = _pickle_or_problem(obj, f"broadcast_object of {label!r} on root rank {me}")
+        if problem is not None:
+            data = _text(problem)
+    # A negative size says the root failed and |size| bytes of its message follow. A
+    # bad root_rank is refused by the first broadcast_, on every rank.
+    size = torch.tensor([data.numel() * (-1 if problem is not None else 1)], dtype=torch.int64)
     broadcast_(size, root_rank, name=f"{label} (size)")
-    if runtime.rank() != root_rank:
-        data = torch.empty(int(size.item()), dtype=torch.uint8)
+    length = int(size.item())
+    if me != root_rank:
+        data = torch.empty(abs(length), dtype=torch.uint8)
     broadcast_(data, root_rank, name=f"{label} (bytes)")
-    return obj if runtime.rank() == root_rank else pickle.loads(data.numpy().tobytes())
+    if length < 0:
+        raise ConfigError(data.numpy().tobytes().decode(errors="replace"))
+    return obj if me == root_rank else pickle.loads(data.numpy().tobytes())
 
 
 def allgather_object(obj: Any, name: str | None = None) -> list[Any]:
-    """Every rank's ``obj``, by rank (pickled; see :func:`broadcast_object`)."""
+    """Every rank's ``obj``, by rank (pickled; see :func:`broadcast_object`). An object
+    some rank cannot pickle is the same ConfigError on every rank."""
     if runtime.size() == 1:
         return [obj]
     label = name or "object"
-    data = _pickled(obj)
-    sizes = allgather(torch.tensor([data.numel()], dtype=torch.int64), name=f"{label} (sizes)")
+    data, problem = _pickle_or_problem(obj, f"allgather_object of {label!r} on rank {runtime.rank()}")
+    # -1: this rank could not pickle; every rank then gathers the reasons instead.
+    mine = torch.tensor([data.numel() if problem is None else -1], dtype=torch.int64)
+    sizes = allgather(mine, name=f"{label} (sizes)")
+    if (sizes < 0).any():
+        texts = allgather(_text(problem or ""), name=f"{label} (errors)")
+        lengths = allgather(torch.tensor([len((problem or "").encode())], dtype=torch.int64),
+                            name=f"{label} (error sizes)")
+        parts = torch.split(texts, lengths.tolist())
+        raise ConfigError("; ".join(p.numpy().tobytes().decode(errors="replace") for p in parts if p.numel()))
     gathered = allgather(data, name=f"{label} (bytes)")
     out, offset = [], 0
     for n in sizes.tolist():

@@ -40,7 +40,8 @@ __all__ = ["Header", "KINDS", "MAX_DIMS", "OPS", "agree", "describe", "encode", 
 KINDS = ("allreduce", "allgather", "broadcast", "alltoall", "reducescatter")
 #: Reduce ops by code (0: none), named by ReduceOp's values.
 OPS = ("", "average", "sum", "min", "max", "product", "adasum")
-#: Dimensions carried verbatim; a tensor with more carries a hash of its shape.
+#: Dimensions carried verbatim; a tensor with more carries its first dimension and a
+#: hash of the others (allgather and alltoall need the first; it may differ by rank).
 MAX_DIMS = 8
 _DTYPES = (
     torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.uint8, torch.int8,
@@ -56,13 +57,18 @@ class Header:
     kind: str
     op: int  #: reduce op code (0 where there is none)
     dtype: str
-    shape: tuple[int, ...] | None  #: None: more than MAX_DIMS dims (compared by hash)
+    shape: tuple[int, ...] | None  #: None: more than MAX_DIMS dims (the rest compared by hash)
     ndim: int
     root: int  #: root rank of a broadcast (-1 where there is none)
     variant: int  #: the allreduce algorithm's identity (0 where there is none)
     invalid: bool  #: this rank's call is wrong on its own (bad splits, root, ...)
-    dims_key: tuple[int, ...]  #: shape, or (hash,) beyond MAX_DIMS: what is compared
+    dims_key: tuple[int, ...]  #: shape, or (first dim, hash of the rest) beyond MAX_DIMS: what is compared
     extra: tuple[int, ...] = ()  #: alltoall: the splits this rank sends
+
+    @property
+    def rows(self) -> int:
+        """The first dimension (what allgather concatenates); 0 for a scalar."""
+        return self.dims_key[0] if self.ndim else 0
 
 
 def _code(dtype: torch.dtype) -> int:
@@ -98,7 +104,9 @@ def encode(kind: str, tensor: torch.Tensor, op: int = 0, root: int = -1, variant
     if len(shape) <= MAX_DIMS:
         dims = shape + [-1] * (MAX_DIMS - len(shape))
     else:
-        dims = [zlib.crc32(repr(shape).encode())] + [-1] * (MAX_DIMS - 1)
+        # The first dimension verbatim (allgather and alltoall read it, and it may differ
+        # by rank); before, the whole shape was hashed: a 9-d allgather returned nothing.
+        dims = [shape[0], zlib.crc32(repr(shape[1:]).encode())] + [-1] * (MAX_DIMS - 2)
     return [KINDS.index(kind), op, _code(tensor.dtype), len(shape), root, variant, int(invalid),
             *dims, *extra]
 
@@ -107,7 +115,7 @@ def decode(row: Sequence[int]) -> Header:
     kind, op, dtype, ndim, root, variant, invalid = (int(v) for v in row[:7])
     dims = [int(v) for v in row[7:_FIXED]]
     shape = tuple(dims[:ndim]) if ndim <= MAX_DIMS else None
-    key = shape if shape is not None else (dims[0],)
+    key = shape if shape is not None else (dims[0], dims[1])
     return Header(KINDS[kind] if 0 <= kind < len(KINDS) else f"op#{kind}", op, _dtype_name(dtype),
                   shape, ndim, root, variant, bool(invalid), key, tuple(int(v) for v in row[_FIXED:]))
 
@@ -122,7 +130,7 @@ def _fmt(h: Header) -> str:
 def _key(h: Header, kind: str) -> tuple[object, ...]:
     """The part of a header every rank must share for ``kind``."""
     if kind in ("allgather", "alltoall"):  # the first dimension may differ by rank
-        return (h.kind, h.dtype, h.ndim, h.dims_key[1:] if h.shape is not None else h.dims_key)
+        return (h.kind, h.dtype, h.ndim, h.dims_key[1:])
     return (h.kind, h.op, h.dtype, h.dims_key, h.root, h.variant)
 
 
@@ -204,7 +212,9 @@ def agree(kind: str, tensor: torch.Tensor, size: int, rank: int, name: str | Non
     headers = [decode(r) for r in table.tolist()]
     if any(h.invalid for h in headers):
         found = settle(problem, lambda mine: inflight.gather_objects(mine, device=device))
-        raise ConfigError("; ".join(f"rank {r}: {p}" for r, p in found.items()))
+        # Ranks with the same problem are named together (each rank's copy said it again).
+        groups = group_ranks(found)
+        raise ConfigError("; ".join(f"{ranks_phrase(rs)}: {found[rs[0]]}" for rs in groups))
     if describe(kind, headers) is None:
         return headers
     # Everyone found the same mismatch: a second exchange for the names is safe.
