@@ -17,6 +17,9 @@ srun       SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, SLURM_NODEID, SLURM_NNODES
 none       a 1-process world, so the same script runs without a launcher
 =========  =====================================================================
 
+ringrun's variables with RANK / WORLD_SIZE of other values are read as torchrun's: the
+process is a worker of a torchrun (or other launcher) that ringrun started on each host.
+
 Read in every dialect: TORCHELASTIC_USE_AGENT_STORE (torchrun's agent hosts the store),
 GLOO_SOCKET_IFNAME (the interface Gloo binds) and RINGTRAIN_JOB_SECRET (ringrun's per-job
 key for what ringtrain writes to the store, see :mod:`ringtrain.signing`). A resizable
@@ -289,8 +292,19 @@ def parse_env(env: Mapping[str, str]) -> LaunchEnv:
     )
 
 
+def _relaunched(env: Mapping[str, str]) -> bool:
+    """ringrun's variables, but RANK / WORLD_SIZE that are not its own: a launcher that
+    ringrun started (``ringrun -H a:1,b:1 torchrun --nproc-per-node 4 ...``) set them for
+    this process, which is one of its workers, not one of ringrun's ranks. ringrun
+    always sets both names to the same values (also in a resizable job's assignments)."""
+    if "RANK" not in env or "WORLD_SIZE" not in env:
+        return False
+    ours = (env.get("RINGTRAIN_RANK", "").strip(), env.get("RINGTRAIN_SIZE", "").strip())
+    return (env["RANK"].strip(), env["WORLD_SIZE"].strip()) != ours
+
+
 def _dialect(env: Mapping[str, str]) -> LaunchEnv:
-    if env.get("RINGTRAIN_RANK") or env.get("RINGTRAIN_SIZE"):
+    if (env.get("RINGTRAIN_RANK") or env.get("RINGTRAIN_SIZE")) and not _relaunched(env):
         return _from_ringrun(env)
     if "RANK" in env or "WORLD_SIZE" in env:
         return _from_torchrun(env)

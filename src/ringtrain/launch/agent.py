@@ -16,6 +16,8 @@ ringrun <- agent   ``R {json}``       ready: host name, cpus, interfaces, ssh ad
 ringrun -> agent   ``{json}``         the spec: cwd, command, ranks with their env, and for
                                       rank 0's host the address (and port) to listen on
                    empty lines        heartbeats, about one a second
+                   ``{"stop_signal": N}``  stop the ranks with signal N, not SIGTERM (the
+                                      SIGINT / SIGHUP ringrun got), when input ends
 ringrun <- agent   ``L <port>``       rank 0's rendezvous port is reserved (bound) on this port
                    ``S <rank> <pid>`` a worker started
                    ``O <rank> <text>``  one line of a worker's output
@@ -62,8 +64,7 @@ from ringtrain import addresses, assignment, sockets  # noqa: E402
 from ringtrain.cpus import cpu_count  # noqa: E402
 from ringtrain.errors import ConfigError  # noqa: E402
 from ringtrain.launch import reaper  # noqa: E402
-from ringtrain.launch.members import stop_marked  # noqa: E402
-from ringtrain.processes import Child  # noqa: E402
+from ringtrain.launch.members import Rank, stop_marked  # noqa: E402
 
 __all__ = ["info", "main", "worker_extras"]
 
@@ -95,6 +96,11 @@ def worker_extras(env: dict[str, str], local_size: int, cpus: int) -> dict[str, 
     extra: dict[str, str] = {}
     if "OMP_NUM_THREADS" not in env:
         extra["OMP_NUM_THREADS"] = str(max(1, cpus // max(1, local_size)))
+    if "TORCH_NCCL_ASYNC_ERROR_HANDLING" not in env:
+        # torchrun's default for its workers (local_elastic_agent.py): a failed or timed-out
+        # NCCL collective aborts the communicators and ends the process (torch's own
+        # default, 3, ends it without the abort).
+        extra["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "1"
     master = env.get("MASTER_ADDR", "")
     if master and not addresses.is_loopback(master) and "GLOO_SOCKET_IFNAME" not in env:
         # Gloo otherwise binds whatever the host name resolves to, often 127.0.1.1 or an
@@ -111,7 +117,7 @@ class _Agent:
     def __init__(self, out: IO[bytes]) -> None:
         self.out = out
         self.lock = threading.Lock()
-        self.procs: dict[int, Child] = {}
+        self.procs: dict[int, Rank] = {}
         self.stopping = threading.Event()
         self.last_heard = time.monotonic()
         self.heartbeat_timeout = 0.0  # 0: no heartbeat expected
@@ -169,7 +175,7 @@ class _Agent:
                 self.files[rank] = world_file
                 os.makedirs(os.path.dirname(world_file) or ".", exist_ok=True)
             try:
-                proc = Child(spec["command"], env, cwd=cwd or None, pass_fds=fds)
+                proc = Rank(spec["command"], env, cwd=cwd or None, pass_fds=fds)
             except OSError as exc:
                 raise _Refused(f"cannot run {spec['command'][0]!r} on host {socket.gethostname()}: "
                                f"{exc.strerror}; check PATH there (pass it with -x PATH)") from None
@@ -221,7 +227,11 @@ class _Agent:
             self.send(f"K {int(item['id'])} {sock.getsockname()[1]}".encode())
 
     def control(self, message: dict[str, Any]) -> None:
-        """A line from ringrun after the spec: write the workers' next worlds."""
+        """A line from ringrun after the spec: the signal to stop the ranks with, or the
+        workers' next worlds."""
+        if "stop_signal" in message:
+            for proc in self.procs.values():
+                proc.stop_signal = int(message["stop_signal"])
         for key, world in (message.get("assign") or {}).items():
             path = self.files.get(int(key))
             if path:

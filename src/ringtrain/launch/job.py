@@ -167,9 +167,11 @@ def worker_env(
         PYTHONUNBUFFERED="1",
     )
     # Without this every rank would start one thread per core and they would fight for
-    # the same cores (torchrun sets OMP_NUM_THREADS=1 for the same reason). Remote
-    # hosts count their own cores (the host agent fills it in).
-    if set_threads:
+    # the same cores (torchrun sets OMP_NUM_THREADS=1 for the same reason). A value in
+    # ringrun's own environment wins, as under torchrun (the local ranks' environment is
+    # ringrun's with this laid over it). Remote hosts count their own cores (the host
+    # agent fills it in).
+    if set_threads and "OMP_NUM_THREADS" not in os.environ:
         env.setdefault("OMP_NUM_THREADS", str(cpu_count(share=p.local_size)))
     return env
 
@@ -469,7 +471,9 @@ def _run_attempts(cfg: JobConfig, run: JobRun) -> int:
             except Stopped as stop:
                 name = signal.Signals(stop.signum).name
                 say(f"received {name}; stopping {len(cfg.placements)} rank(s)")
-                _stop_everything(members, mark)
+                # The ranks get the signal ringrun got, as under torchrun (members.Rank).
+                _stop_everything(members, mark, stop.signum)
+                members = []
                 return 128 + stop.signum
             except _OutputFailed as out:
                 _stop_everything(members, mark)
@@ -502,10 +506,11 @@ def _run_attempts(cfg: JobConfig, run: JobRun) -> int:
         _stop_everything(members, mark)
 
 
-def _stop_everything(members: list[Member], mark: str | None) -> None:
-    """Stop every member and what escaped their process groups on this host (``setsid``
-    children, a shell's grandchildren): everything marked with the run id ``mark``."""
-    stop_all(members, grace=STOP_GRACE_S, run_id=mark)
+def _stop_everything(members: list[Member], mark: str | None, signum: int = signal.SIGTERM) -> None:
+    """Stop every member (asked with ``signum``) and what escaped their process groups on
+    this host (``setsid`` children, a shell's grandchildren): everything marked with the
+    run id ``mark``."""
+    stop_all(members, grace=STOP_GRACE_S, run_id=mark, signum=signum)
 
 
 def say(message: str) -> None:

@@ -1,8 +1,11 @@
 """What a job of ringrun starts and stops: its *members* (standard library only: the
 host agent imports it). Processes are started and stopped with :mod:`ringtrain.processes`.
 
-- :class:`Worker`: one local rank of ringrun, a :class:`~ringtrain.processes.Child`
-  whose output goes to the job's output sink. A Worker and a
+- :class:`Rank`: a :class:`~ringtrain.processes.Child` asked to stop with the signal
+  the launcher received (:data:`Rank.stop_signal`), as torchrun's agent does: on Ctrl-C a
+  script's ``except KeyboardInterrupt:`` (a last checkpoint) runs, as under torchrun.
+- :class:`Worker`: one local rank of ringrun, a :class:`Rank` whose output goes to the
+  job's output sink. A Worker and a
   :class:`~ringtrain.launch.remote.RemoteHost` (every rank of one remote host) are both
   *members* of a job: they answer ``exits()`` and ``alive()`` and obey
   ``request_stop()`` / ``force_kill()``, which is all :func:`stop_all` and the job's
@@ -17,6 +20,7 @@ host agent imports it). Processes are started and stopped with :mod:`ringtrain.p
 from __future__ import annotations
 
 import collections
+import os
 import signal
 from collections.abc import Sequence
 from typing import Protocol
@@ -25,7 +29,7 @@ from ringtrain.launch import reaper
 from ringtrain.launch.output import OutputSink
 from ringtrain.processes import Child, Stoppable, stop_sequence
 
-__all__ = ["Member", "Worker", "stop_all", "stop_marked"]
+__all__ = ["Member", "Rank", "Worker", "stop_all", "stop_marked"]
 
 
 def stop_marked(members: Sequence[Stoppable], grace: float, run_id: str | None = None) -> None:
@@ -47,14 +51,33 @@ class Member(Stoppable, Protocol):
     """Something the job starts and stops: one local rank, or all ranks of a remote host."""
 
     ranks: tuple[int, ...]
+    #: The signal :meth:`request_stop` sends (remote hosts pass it on to their agent).
+    stop_signal: int
 
     def exits(self) -> dict[int, int]: ...
     def where(self, rank: int) -> str: ...
     def finish_output(self, timeout: float = 2.0) -> None: ...
 
 
-class Worker(Child):
-    """A local rank of ringrun: a :class:`Child` whose output goes to the job's sink."""
+class Rank(Child):
+    """A rank's process, asked to stop with :attr:`stop_signal` (SIGKILL follows after
+    the grace, see :func:`ringtrain.processes.stop_sequence`)."""
+
+    #: SIGTERM, or the SIGINT / SIGHUP the launcher got: torchrun's agent passes on the
+    #: signal it received (torch/distributed/elastic/agent/server/api.py, ``run``), so a
+    #: script written for it may handle Ctrl-C as ``KeyboardInterrupt``.
+    stop_signal: int = signal.SIGTERM
+
+    def request_stop(self) -> None:
+        # The whole group, even when the leader has exited: what it started may still run.
+        try:
+            os.killpg(self.proc.pid, self.stop_signal)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+class Worker(Rank):
+    """A local rank of ringrun: a :class:`Rank` whose output goes to the job's sink."""
 
     def __init__(
         self,
@@ -94,14 +117,20 @@ class Worker(Child):
         self._file = None
 
 
-def stop_all(members: Sequence[Member], grace: float = 3.0, run_id: str | None = None) -> None:
+def stop_all(members: Sequence[Member], grace: float = 3.0, run_id: str | None = None,
+             signum: int = signal.SIGTERM) -> None:
     """:func:`stop_marked` for the members of a job, then their output drained.
+
+    ``signum`` asks the ranks to stop (ringrun passes on the SIGINT or SIGHUP it got);
+    what left their process groups gets SIGTERM, and SIGKILL follows after ``grace``.
 
     Remote hosts get end-of-input; their agent stops its workers within its own grace
     (1.5 s) and exits, so ``grace`` must exceed it for a clean remote stop. With
     ``run_id``, what the local ranks started outside their process groups is stopped
     before the output is drained: such a process may hold a worker's pipe open.
     """
+    for m in members:
+        m.stop_signal = signum
     stop_marked(members, grace, run_id)
     for m in members:
         m.finish_output()

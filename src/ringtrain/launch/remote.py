@@ -45,6 +45,10 @@ class RemoteHost:
         self.reserved: dict[int, int] = {}
         self.joined: dict[int, int] = {}
         self._exits: dict[int, int] = {}
+        #: The signal the agent stops its ranks with (see members.Rank); sent once the
+        #: agent runs them (before that, any line would be read as the spec).
+        self.stop_signal: int = signal.SIGTERM
+        self._running = False
         self.ssh_tail: collections.deque[str] = collections.deque(maxlen=5)
         self._ready = threading.Event()
         self._lock = threading.Lock()
@@ -138,6 +142,7 @@ class RemoteHost:
             self.proc.stdin.flush()
         except (BrokenPipeError, OSError, ValueError):
             pass  # the connection broke: exits() reports it
+        self._running = self._running or "command" in spec
 
     def wait_reserved(self, workers: list[int], deadline: float) -> bool:
         """Wait for the agent's ``K`` line of every worker (resizable jobs)."""
@@ -190,7 +195,10 @@ class RemoteHost:
         return f"pid {pid} on {self.host}" if pid else f"on {self.host}"
 
     def request_stop(self) -> None:
-        # End of input tells the agent to stop its workers (ssh forwards no signals).
+        # End of input tells the agent to stop its workers (ssh forwards no signals); a
+        # signal other than SIGTERM is named first.
+        if self.stop_signal != signal.SIGTERM and self._running:
+            self.send_spec({"stop_signal": int(self.stop_signal)})
         if self.proc is not None and self.proc.stdin is not None and not self.proc.stdin.closed:
             try:
                 self.proc.stdin.close()
