@@ -19,8 +19,9 @@
               verbose=1 if rt.rank() == 0 else 0)
 
 ``horovod.keras``'s module calls are here too (``init``, ``size``, ``rank``, ``local_rank``,
-``local_size``, ``allreduce``, ``Compression``, ``load_model``), so ``import
-ringtrain.keras as hvd`` runs a Horovod Keras script.
+``local_size``, ``allreduce``, ``allgather``, ``broadcast``, ``Compression``, ``load_model``,
+``hvd.callbacks.*`` with ``LearningRateScheduleCallback``), so ``import ringtrain.keras as
+hvd`` runs a Horovod Keras script.
 
 Needs ``pip install 'ringtrain[keras]'``; importing this package without Keras raises
 ImportError, and with Keras on another backend a ConfigError. See docs/keras.md.
@@ -33,17 +34,27 @@ from ringtrain.keras._backend import load_keras
 load_keras()  # before the submodules: they subclass Keras classes at import
 
 from ringtrain.keras.basics import (  # noqa: E402
+    Average,
     Compression,
+    Sum,
+    allgather,
     allreduce,
+    broadcast,
+    cross_rank,
+    cross_size,
     init,
+    is_initialized,
     load_model,
     local_rank,
     local_size,
     rank,
+    reducescatter,
+    shutdown,
     size,
 )
 from ringtrain.keras.callbacks import (  # noqa: E402
     BroadcastGlobalVariablesCallback,
+    LearningRateScheduleCallback,
     LearningRateWarmupCallback,
     MetricAverageCallback,
     broadcast_variables,
@@ -54,19 +65,29 @@ from ringtrain.keras.data import LoaderDataset  # noqa: E402
 from ringtrain.keras.optimizer import DistributedOptimizer, GradientExchange  # noqa: E402
 
 __all__ = [
+    "Average",
     "Compression",
+    "Sum",
+    "allgather",
     "allreduce",
+    "broadcast",
+    "cross_rank",
+    "cross_size",
     "init",
+    "is_initialized",
     "load_model",
     "local_rank",
     "local_size",
     "rank",
+    "reducescatter",
+    "shutdown",
     "size",
     "DistributedOptimizer",
     "GradientExchange",
     "BroadcastGlobalVariablesCallback",
     "MetricAverageCallback",
     "LearningRateWarmupCallback",
+    "LearningRateScheduleCallback",
     "CheckpointCallback",
     "LoaderDataset",
     "restore",

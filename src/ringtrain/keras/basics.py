@@ -1,4 +1,4 @@
-"""``horovod.keras``'s module-level calls: ``init``, ranks, ``allreduce``, ``load_model``.
+"""``horovod.keras``'s module-level calls: ``init``, ranks, collectives, ``load_model``.
 
 So a Keras script written for ``import horovod.keras as hvd`` runs with
 ``import ringtrain.keras as hvd``: these are the same calls on ringtrain's runtime.
@@ -12,11 +12,16 @@ from typing import Any
 import torch
 
 from ringtrain import collectives, runtime, wiring
+from ringtrain.collectives import Average, ReduceOp, Sum
 from ringtrain.compression import Compression, Compressor
 from ringtrain.keras._backend import load_keras
 from ringtrain.keras.optimizer import GradientExchange, _distributed_class, _DistributedMixin
 
-__all__ = ["Compression", "allreduce", "init", "load_model", "local_rank", "local_size", "rank", "size"]
+__all__ = [
+    "Average", "Compression", "Sum", "allgather", "allreduce", "broadcast", "cross_rank", "cross_size",
+    "init", "is_initialized", "load_model", "local_rank", "local_size", "rank", "reducescatter",
+    "shutdown", "size",
+]
 
 keras = load_keras()
 
@@ -24,6 +29,15 @@ keras = load_keras()
 def init() -> None:
     """Join the job (``rt.init()``)."""
     wiring.init()
+
+
+def shutdown() -> None:
+    """Leave the job (``rt.shutdown()``)."""
+    wiring.shutdown()
+
+
+def is_initialized() -> bool:
+    return runtime.is_initialized()
 
 
 def size() -> int:
@@ -42,6 +56,21 @@ def local_size() -> int:
     return runtime.local_size()
 
 
+def cross_rank() -> int:
+    return runtime.cross_rank()
+
+
+def cross_size() -> int:
+    return runtime.cross_size()
+
+
+def _as_torch(value: Any) -> torch.Tensor:
+    """A number, list, NumPy array or backend tensor as a torch tensor of its own."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().clone()
+    return torch.as_tensor(keras.ops.convert_to_numpy(value))
+
+
 def allreduce(value: Any, name: str | None = None, average: bool | None = None,
               prescale_factor: float = 1.0, postscale_factor: float = 1.0, op: Any = None,
               compression: Compressor = Compression.none) -> Any:
@@ -49,10 +78,9 @@ def allreduce(value: Any, name: str | None = None, average: bool | None = None,
     backend tensor, as ``horovod.keras.allreduce``."""
     if op is None:
         op = collectives.Sum if average is False else collectives.Average
-    t = torch.as_tensor(keras.ops.convert_to_numpy(value) if not isinstance(value, torch.Tensor) else value)
+    t = _as_torch(value)
     if not t.is_floating_point():
         t = t.double() if (prescale_factor != 1.0 or postscale_factor != 1.0) else t
-    t = t.detach().clone()
     if prescale_factor != 1.0:
         t = t * prescale_factor
     wire, ctx = compression.compress(t)
@@ -60,6 +88,23 @@ def allreduce(value: Any, name: str | None = None, average: bool | None = None,
     if postscale_factor != 1.0:
         out = out * postscale_factor
     return keras.ops.convert_to_tensor(out)
+
+
+def allgather(value: Any, name: str | None = None) -> Any:
+    """Concatenate every rank's value along the first dimension (sizes may differ), as
+    ``horovod.keras.allgather``; a scalar counts as one row."""
+    return keras.ops.convert_to_tensor(collectives.allgather(_as_torch(value), name=name))
+
+
+def broadcast(value: Any, root_rank: int, name: str | None = None) -> Any:
+    """``root_rank``'s value on every rank, as ``horovod.keras.broadcast`` (e.g. the epoch
+    to resume from, which only rank 0 found)."""
+    return keras.ops.convert_to_tensor(collectives.broadcast(_as_torch(value), root_rank, name=name))
+
+
+def reducescatter(value: Any, name: str | None = None, op: ReduceOp = Average) -> Any:
+    """Reduce over ranks and keep this rank's share of the first dimension."""
+    return keras.ops.convert_to_tensor(collectives.reducescatter(_as_torch(value), op=op, name=name))
 
 
 def load_model(filepath: str | os.PathLike[str], custom_optimizers: list[type] | None = None,

@@ -6,6 +6,8 @@
   rank logs, checkpoints and early-stops on the same numbers.
 - :class:`LearningRateWarmupCallback` ramps the learning rate from the single-worker
   rate to the scaled one over the first epochs (Goyal et al. 2017, section 2.2).
+- :class:`LearningRateScheduleCallback` sets ``initial_lr * multiplier(epoch)`` over a
+  range of epochs (Horovod's piecewise schedules).
 
 Put them first in ``callbacks=[...]``: Keras calls callbacks in list order and adds its
 progress bar and ``History`` after the user's, so they see the averaged numbers.
@@ -14,7 +16,7 @@ progress bar and ``History`` after the user's, so they see the averaged numbers.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -30,6 +32,7 @@ __all__ = [
     "BroadcastGlobalVariablesCallback",
     "MetricAverageCallback",
     "LearningRateWarmupCallback",
+    "LearningRateScheduleCallback",
     "broadcast_variables",
     "model_state_variables",
 ]
@@ -142,13 +145,78 @@ class MetricAverageCallback(keras.callbacks.Callback):  # type: ignore[misc,name
             logs[key] = value
 
 
-class LearningRateWarmupCallback(keras.callbacks.Callback):  # type: ignore[misc,name-defined]
+#: id(optimizer) -> its momentum before this step's momentum corrections.
+_TRUE_MOMENTUM: dict[int, float] = {}
+
+
+class _RateCallback(keras.callbacks.Callback):  # type: ignore[misc,name-defined]
+    """What the learning-rate callbacks share: set the rate with momentum correction,
+    find the batches per epoch, log the rate as ``lr`` at the end of each epoch."""
+
+    momentum_correction: bool
+    steps_per_epoch: int | None
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._epoch = 0
+        self._corrected = False
+
+    def _check_float_rate(self) -> None:
+        rate = self.model.optimizer._learning_rate
+        if isinstance(rate, keras.optimizers.schedules.LearningRateSchedule) or not hasattr(rate, "assign"):
+            raise ConfigError(
+                f"{type(self).__name__} sets the optimizer's learning rate, which is a schedule "
+                "here; give the optimizer a float rate, or fold this change into the schedule"
+            )
+
+    def _find_steps_per_epoch(self) -> int:
+        steps = self.steps_per_epoch or (self.params or {}).get("steps")
+        if not steps:
+            raise ConfigError(
+                f"{type(self).__name__} needs the number of batches per epoch: pass "
+                "steps_per_epoch= (fit did not report it for this input)"
+            )
+        return int(steps)
+
+    def _set_rate(self, new: float) -> float:
+        """Set the rate to ``new``; returns it as the optimizer stores it."""
+        optimizer = self.model.optimizer
+        old = float(optimizer.learning_rate)
+        optimizer.learning_rate = new
+        momentum: Any = getattr(optimizer, "momentum", None)
+        if self.momentum_correction and _is_number(momentum) and float(momentum) > 0 and old > 0 \
+                and new != old:
+            # Two callbacks may correct the same step (they compose); the momentum from
+            # before the first correction is what the first restore puts back.
+            _TRUE_MOMENTUM.setdefault(id(optimizer), float(momentum))
+            optimizer.momentum = float(momentum) * new / old
+            self._corrected = True
+        return float(optimizer.learning_rate)
+
+    def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+        self._epoch = epoch
+
+    def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
+        if self._corrected:
+            self._corrected = False
+            true = _TRUE_MOMENTUM.pop(id(self.model.optimizer), None)
+            if true is not None:
+                self.model.optimizer.momentum = true
+
+    def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+        if logs is not None:
+            logs["lr"] = float(self.model.optimizer.learning_rate)  # Horovod's key
+
+
+class LearningRateWarmupCallback(_RateCallback):
     """Gradual warmup (Goyal et al. 2017): from ``initial_lr / size`` to ``initial_lr``.
 
-    The rate is set before every batch of the first ``warmup_epochs`` epochs, linearly
-    in the step count (:func:`ringtrain.schedule.warmup_factor`), and is ``initial_lr``
-    from then on; afterwards the callback leaves the rate alone, so schedules and
-    ``ReduceLROnPlateau`` take over.
+    The rate is set before every batch of the first ``warmup_epochs`` epochs, as
+    Horovod's callback sets it: before step ``t`` (counted from the first batch of
+    epoch 0) to ``initial_lr * (s + (1 - s) * (t + 1) / warmup_steps)``, so the last
+    warmup step runs at ``initial_lr``. From then on the callback leaves the rate alone,
+    so schedules (a ``keras.callbacks.LearningRateScheduler`` at the start of the next
+    epoch) and ``ReduceLROnPlateau`` take over.
 
     Args:
         initial_lr: the target rate, normally ``rt.scale_lr(base_lr)``.
@@ -182,61 +250,102 @@ class LearningRateWarmupCallback(keras.callbacks.Callback):  # type: ignore[misc
         self.steps_per_epoch = steps_per_epoch
         self.start_factor = start
         self.verbose = verbose
-        self._epoch = 0
         self._warmup_steps = 0
-        self._restore_momentum: float | None = None
         self._finished = False
 
     def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
-        optimizer = self.model.optimizer
-        if isinstance(optimizer._learning_rate, keras.optimizers.schedules.LearningRateSchedule) \
-                or not hasattr(optimizer._learning_rate, "assign"):
-            raise ConfigError(
-                "LearningRateWarmupCallback sets the optimizer's learning rate, which is a "
-                "schedule here; give the optimizer a float rate, or fold the warmup into the schedule"
-            )
-        steps = self.steps_per_epoch or (self.params or {}).get("steps")
-        if not steps:
-            raise ConfigError(
-                "LearningRateWarmupCallback needs the number of batches per epoch: pass "
-                "steps_per_epoch= (fit did not report it for this input)"
-            )
-        self.steps_per_epoch = int(steps)
+        self._check_float_rate()
+        self.steps_per_epoch = self._find_steps_per_epoch()
         self._warmup_steps = math.ceil(self.warmup_epochs * self.steps_per_epoch)
 
-    def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
-        self._epoch = epoch
-
     def lr_at(self, epoch: int, batch: int) -> float:
-        """The rate the callback sets before ``batch`` of ``epoch`` (pure)."""
+        """The rate the callback sets before ``batch`` of ``epoch`` (pure; ``initial_lr``
+        from the warmup's last step on)."""
         if self.steps_per_epoch is None:
             raise ConfigError("lr_at needs steps_per_epoch: pass it, or ask after fit() began")
         step = epoch * self.steps_per_epoch + batch
-        return self.initial_lr * warmup_factor(step, self._warmup_steps, self.start_factor)
+        # Horovod's ramp counts the step being taken ((t + 1) / W): it reaches initial_lr
+        # at the last warmup step and never touches the batch after it, where an epoch-
+        # begin scheduler may have set another rate (ringtrain's t / W ended one step
+        # short and set initial_lr over such a rate: a whole epoch 10x off).
+        return self.initial_lr * warmup_factor(step + 1, self._warmup_steps, self.start_factor)
 
     def on_train_batch_begin(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         if self._finished:
             return
         step = self._epoch * (self.steps_per_epoch or 0) + batch
-        if step > self._warmup_steps:
-            return  # resumed past the warmup: leave the rate alone
-        optimizer = self.model.optimizer
-        old = float(optimizer.learning_rate)
-        new = self.lr_at(self._epoch, batch)
-        optimizer.learning_rate = new
-        momentum: Any = getattr(optimizer, "momentum", None)
-        if self.momentum_correction and _is_number(momentum) and float(momentum) > 0 and old > 0 \
-                and new != old:
-            self._restore_momentum = float(momentum)
-            optimizer.momentum = float(momentum) * new / old
-        if step == self._warmup_steps:
-            self._finished = True
-            if self.verbose and runtime.rank() == 0:
-                # Printed like Keras' own verbose callbacks (ReduceLROnPlateau), on request.
-                print(f"Epoch {self._epoch + 1}: finished gradual learning rate warmup to {new:g}.",
-                      flush=True)
+        if step >= self._warmup_steps:
+            self._finished = True  # past the warmup (or resumed past it): the rate is left alone
+            return
+        new = self._set_rate(self.lr_at(self._epoch, batch))
+        if step == self._warmup_steps - 1 and self.verbose and runtime.rank() == 0:
+            # Printed like Keras' own verbose callbacks (ReduceLROnPlateau), on request.
+            print(f"Epoch {self._epoch + 1}: finished gradual learning rate warmup to {new:g}.",
+                  flush=True)
 
-    def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
-        if self._restore_momentum is not None:
-            self.model.optimizer.momentum = self._restore_momentum
-            self._restore_momentum = None
+
+class LearningRateScheduleCallback(_RateCallback):
+    """Horovod's schedule: from epoch ``start_epoch`` until ``end_epoch`` (exclusive), the
+    rate is ``initial_lr * multiplier(epoch)``.
+
+    ``multiplier`` is a number ``m``, as in Horovod exponential decay from ``start_epoch``
+    (the rate is ``initial_lr * m ** (epoch - start_epoch)``: ``initial_lr`` itself in
+    ``start_epoch``, so a constant step down is ``lambda epoch: 0.1``), or a function of
+    the epoch. With ``staircase=True`` the rate is set before the first
+    batch of each epoch, from the integer epoch; with ``staircase=False`` before every
+    batch, from the fractional epoch ``epoch + batch / steps_per_epoch``. Outside
+    ``[start_epoch, end_epoch)`` the callback leaves the rate alone, so several of them
+    (with :class:`LearningRateWarmupCallback` before the first) make a piecewise schedule.
+
+    Args:
+        initial_lr: the rate the multiplier applies to, normally ``rt.scale_lr(base_lr)``.
+        multiplier: a number or a function ``epoch -> factor``.
+        start_epoch: first epoch the schedule applies to.
+        end_epoch: epoch it stops applying to (exclusive); None: to the end.
+        staircase: per epoch (True) or per batch (False).
+        momentum_correction: as in :class:`LearningRateWarmupCallback`.
+        steps_per_epoch: batches per epoch for ``staircase=False``; default: what ``fit``
+            reports.
+    """
+
+    def __init__(self, initial_lr: float, multiplier: float | Callable[[float], float], start_epoch: int = 0,
+                 end_epoch: int | None = None, staircase: bool = True, momentum_correction: bool = True,
+                 steps_per_epoch: int | None = None) -> None:
+        super().__init__()
+        if not (isinstance(initial_lr, (int, float)) and initial_lr > 0):
+            raise ConfigError(f"initial_lr must be a number > 0, got {initial_lr!r}")
+        if not callable(multiplier) and not _is_number(multiplier):
+            raise ConfigError(f"multiplier must be a number or a function of the epoch, got {multiplier!r}")
+        if start_epoch < 0:
+            raise ConfigError(f"start_epoch must be >= 0, got {start_epoch}")
+        if end_epoch is not None and end_epoch <= start_epoch:
+            raise ConfigError(f"end_epoch ({end_epoch}) must be after start_epoch ({start_epoch}), or None")
+        if steps_per_epoch is not None and steps_per_epoch < 1:
+            raise ConfigError(f"steps_per_epoch must be >= 1, got {steps_per_epoch}")
+        self.initial_lr = float(initial_lr)
+        if callable(multiplier):
+            self.multiplier: Callable[[float], float] = multiplier
+        else:
+            base = float(multiplier)
+            self.multiplier = lambda epoch: base ** (epoch - start_epoch)
+        self.start_epoch = start_epoch
+        self.end_epoch = end_epoch
+        self.staircase = staircase
+        self.momentum_correction = momentum_correction
+        self.steps_per_epoch = steps_per_epoch
+
+    def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
+        self._check_float_rate()
+        if not self.staircase:
+            self.steps_per_epoch = self._find_steps_per_epoch()
+
+    def on_train_batch_begin(self, batch: int, logs: dict[str, Any] | None = None) -> None:
+        epoch = self._epoch
+        if epoch < self.start_epoch or (self.end_epoch is not None and epoch >= self.end_epoch):
+            return
+        if self.staircase:
+            if batch == 0:
+                self._set_rate(self.initial_lr * float(self.multiplier(epoch)))
+        else:
+            assert self.steps_per_epoch is not None  # found in on_train_begin
+            self._set_rate(self.initial_lr * float(self.multiplier(epoch + batch / self.steps_per_epoch)))
