@@ -156,10 +156,15 @@ class Bucket:
     """One flat buffer and the exchange of it in flight."""
 
     def __init__(self, spec: BucketSpec, names: Sequence[str], numels: Sequence[int],
-                 wire: torch.dtype, label: str) -> None:
+                 wire: torch.dtype, label: str, track_use: bool = False) -> None:
         self.spec = spec
         self.numels = tuple(numels)
-        self.flat = torch.zeros(spec.numel, dtype=wire, device=spec.device)
+        #: With ``track_use``, one more element per member after the gradients: 1 where
+        #: this rank had a gradient, summed with them (see ``FusedExchange.unused``).
+        self.uses = len(spec.params) if track_use else 0
+        self.flat = torch.zeros(spec.numel + self.uses, dtype=wire, device=spec.device)
+        #: Positions of the members packed without a gradient this step (``track_use``).
+        self.local_none: list[int] = []
         #: Whether the gradients can *be* views of the buffer (no compression), as DDP's
         #: ``gradient_as_bucket_view``: packing is then at most one copy, unpacking none.
         self.grad_views = wire == spec.dtype
@@ -225,7 +230,10 @@ class FusedExchange:
         bucket_bytes: int,
         predivide: float | None = None,
         label: str = "bucket",
+        track_use: bool = False,
     ) -> None:
+        """``track_use``: also exchange which members had a gradient on any rank (see
+        :meth:`unused`), one element per member, as DDP's used-parameter map."""
         if bucket_bytes <= 0:
             raise ConfigError(f"fusion_mb must be > 0, got {bucket_bytes / 2**20:g}")
         self.names = list(names)
@@ -240,6 +248,7 @@ class FusedExchange:
         self.predivide = predivide
         self.bucket_bytes = bucket_bytes
         self.label = label
+        self.track_use = track_use
         scaling(op, size, False, predivide)  # validates op and the factor now, not mid-step
         self.buckets: list[Bucket] = []
         self.bucket_of: dict[int, tuple[Bucket, int]] = {}
@@ -262,7 +271,7 @@ class FusedExchange:
             spec = BucketSpec(spec.index, real, spec.offsets, spec.numel, spec.dtype, spec.device)
             wire = self.compression.wire_dtype_for(spec.dtype)
             bucket = Bucket(spec, [self.names[i] for i in real], [self.numels[i] for i in real],
-                            wire, self.label)
+                            wire, self.label, self.track_use)
             self.buckets.append(bucket)
             for position, index in enumerate(real):
                 self.bucket_of[index] = (bucket, position)
@@ -321,7 +330,26 @@ class FusedExchange:
                         torch.mul(g, pre, out=view)
                     else:
                         view.copy_(g * pre)  # scale before narrowing: fp16 overflows at 65504
+            if bucket.uses:
+                bucket.local_none = [p for p, grad in enumerate(grads) if grad is None]
+                tail = bucket.flat[bucket.spec.numel:]
+                if bucket.local_none:
+                    flags = torch.ones(bucket.uses, dtype=tail.dtype)
+                    flags[bucket.local_none] = 0
+                    tail.copy_(flags)
+                else:
+                    tail.fill_(1)  # the usual step: one fill, no copy from the host
         return [bucket.view(p).view(self.shapes[i]) for p, i in enumerate(bucket.spec.params)]
+
+    def unused(self, bucket: Bucket) -> list[int]:
+        """After :meth:`wait`: the positions of the members no rank had a gradient for
+        this step. Only a rank that had none for some member looks (one copy of the
+        flags to the host), and every rank that had one knows it was used, so all ranks
+        agree without more exchange."""
+        if not bucket.local_none:
+            return []
+        counts = bucket.flat[bucket.spec.numel:].tolist()
+        return [p for p in bucket.local_none if counts[p] == 0]
 
     def launch(self, bucket: Bucket) -> None:
         """Start the bucket's in-place sum across ranks (may return before it is done)."""

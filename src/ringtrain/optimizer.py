@@ -177,9 +177,14 @@ class DistributedOptimizer(torch.optim.Optimizer):
         gather = getattr(self._algorithm, "allgather", None)
         self._negotiated = callable(gather)
         self._gather: Callable[..., torch.Tensor] = gather if callable(gather) else collectives.allgather
+        # sync_at="backward" (DDP's semantics): a parameter no rank had a gradient for
+        # keeps .grad None, as DDP leaves a globally unused parameter, so the optimizer
+        # skips it; as a zero gradient, weight decay and momentum moved it (AdamW by 0.08
+        # in 3 steps) where one process and DDP leave it. Horovod (sync_at="step") gives
+        # it zeros.
         self._fusion = FusedExchange(
             names, params, self._algorithm, compression, op, ranks, int(mb * 1024 * 1024),
-            predivide=predivide,
+            predivide=predivide, track_use=sync_at == "backward",
         )
         self._passes = [0] * len(params)
         self._next_launch = 0
@@ -461,8 +466,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 events.emit("exchange", bucket.launched_at, t_done, name=bucket.name,
                             bytes=bucket.nbytes, tensors=names)
             changed += self._hand_over(bucket)
+            unused = self._unused(bucket)
             if not bucket.grad_views:
-                self._unpack(bucket)
+                self._unpack(bucket, unused)
         if changed:
             warnings.warn(
                 f"the gradients of {len(changed)} parameter(s) (first {changed[0]!r}) changed after "
@@ -551,10 +557,19 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._fusion.add(names, tensors, [i for i in range(len(self._params)) if i not in self._sparse])
         self._layout_checked = False
 
-    def _unpack(self, bucket: Bucket) -> None:
+    def _unused(self, bucket: Bucket) -> set[int]:
+        """Members (positions) no rank had a gradient for: their ``.grad`` is None again."""
+        found = {p for p in self._fusion.unused(bucket)
+                 if bucket.spec.params[p] not in self._seen_sparse}
+        for position in found:
+            self._params[bucket.spec.params[position]].grad = None
+        return found
+
+    def _unpack(self, bucket: Bucket, unused: set[int] | None = None) -> None:
+        unused = unused or set()
         with torch.no_grad():
             for position, index in enumerate(bucket.spec.params):
-                if index in self._seen_sparse or self._frozen(index):
+                if index in self._seen_sparse or self._frozen(index) or position in unused:
                     continue
                 p = self._params[index]
                 result = self._fusion.result(bucket, position)
