@@ -146,6 +146,38 @@ def _collectives(hvd: Any) -> dict[str, Any]:
             "ranks": (hvd.cross_rank(), hvd.cross_size(), hvd.is_initialized())}
 
 
+def _unused_variable(hvd: Any, keras: Any) -> dict[str, float]:
+    """A trainable layer the model never calls: no rank has a gradient for it, so Keras
+    skips it, as in one process; a zero gradient let AdamW's weight decay move it."""
+    moved = {}
+    for passes in (1, 2):
+        keras.utils.set_random_seed(0)
+
+        class Branches(keras.Model):  # type: ignore[misc,name-defined]
+            def __init__(self) -> None:
+                super().__init__()
+                self.used = keras.layers.Dense(1)
+                self.idle = keras.layers.Dense(1)
+
+            def build(self, shape: Any) -> None:
+                self.used.build(shape)
+                self.idle.build(shape)
+
+            def call(self, x: Any) -> Any:
+                return self.used(x)
+
+        model = Branches()
+        model.build((None, 3))
+        opt = hvd.DistributedOptimizer(keras.optimizers.AdamW(0.01, weight_decay=0.5),
+                                       backward_passes_per_step=passes)
+        model.compile(optimizer=opt, loss="mse")
+        start = np.asarray(model.idle.kernel.numpy()).copy()
+        model.fit(np.ones((B * STEPS, 3), "float32"), np.zeros((B * STEPS, 1), "float32"),
+                  batch_size=B, epochs=1, shuffle=False, verbose=0)
+        moved[f"passes{passes}"] = float(np.abs(np.asarray(model.idle.kernel.numpy()) - start).max())
+    return moved
+
+
 def _world() -> dict[str, Any]:
     import ringtrain.keras as hvd
 
@@ -156,6 +188,7 @@ def _world() -> dict[str, Any]:
         "schedule": _horovod_schedule(hvd, keras),
         "two_corrections": _two_corrections_one_step(hvd, keras),
         "collectives": _collectives(hvd),
+        "unused": _unused_variable(hvd, keras),
     }
 
 
@@ -204,3 +237,9 @@ def test_horovod_keras_collectives(world: list[dict[str, Any]]) -> None:
         assert out["gathered"] == [[0.0, 0.0], [1.0, 1.0], [1.0, 1.0]]
         assert out["scattered"] == ([0.0, 3.0] if r == 0 else [6.0, 9.0])
         assert out["ranks"] == (0, 1, True)
+
+
+@pytest.mark.timeout(120)
+def test_a_variable_no_rank_has_a_gradient_for_stays_put(world: list[dict[str, Any]]) -> None:
+    for rank in world:
+        assert rank["unused"] == {"passes1": 0.0, "passes2": 0.0}
