@@ -47,6 +47,12 @@ def _pillow(data: Any, mode: str, jpeg: bool) -> np.ndarray:
         img = Image.open(io.BytesIO(data))
         if jpeg:
             img.draft(mode, img.size)  # decode straight into the target colour space
+        if img.mode.startswith("I;16"):
+            # 16-bit greyscale (PNG, TIFF): Pillow's convert() clips at 255, so a 16-bit
+            # image came out almost all white. Keep the high byte, as Pillow does for
+            # 16-bit RGB PNGs and libpng's png_set_strip_16 does.
+            grey = (np.asarray(img).astype(np.uint16) >> 8).astype(np.uint8)
+            return grey if mode == "L" else np.repeat(grey[:, :, None], 3, axis=2)
         return np.array(img.convert(mode))  # writable (np.asarray of an Image is read-only)
     except (OSError, ValueError, SyntaxError) as exc:  # UnidentifiedImageError is an OSError
         raise DataError(unreadable(data, exc)) from None
@@ -68,6 +74,10 @@ def decode_image(data: bytes | bytearray | memoryview, mode: str = "RGB",
                  decoder: str | None = None) -> np.ndarray:
     """Decode a JPEG or PNG (any format Pillow reads) to an ``HxWxC`` uint8 array.
 
+    Greyscale and CMYK images are converted to ``mode``; 16-bit images keep their high
+    byte (Pillow alone clips 16-bit greyscale at 255). EXIF orientation is not applied,
+    as neither Pillow's ``Image.open`` nor torchvision's ``ImageFolder`` applies it.
+
     Args:
         data: the encoded file.
         mode: ``"RGB"`` (``HxWx3``) or ``"L"`` (greyscale, ``HxWx1``).
@@ -88,6 +98,6 @@ def decode_image(data: bytes | bytearray | memoryview, mode: str = "RGB",
         except ValueError:
             if decoder is not None:
                 raise
-            # CMYK and other JPEGs libjpeg-turbo's fast path refuses: Pillow reads them
+            # JPEGs libjpeg-turbo's fast path refuses (or a corrupt one): Pillow reads them
     out = _pillow(data, mode, jpeg)
     return out if out.ndim == 3 else out[:, :, None]

@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ringtrain.data.remote import ShardCache
+from ringtrain.data.remote import ShardCache, is_remote
 from ringtrain.data.shards import Shards
 from ringtrain.errors import DataError
 
@@ -46,8 +46,11 @@ def _column(col: Any) -> Any:
             return arr.to_numpy(zero_copy_only=False)
         if pa.types.is_fixed_size_list(t) and (pa.types.is_integer(t.value_type)
                                                or pa.types.is_floating(t.value_type)):
-            flat = arr.flatten().to_numpy(zero_copy_only=False)
-            return flat.reshape(len(arr), t.list_size)
+            flat = arr.flatten()
+            # A null inside a row: to_numpy would make it NaN and every row of the row
+            # group float (int [3, null] read as [3., nan]); the Python value keeps None.
+            if flat.null_count == 0:
+                return flat.to_numpy(zero_copy_only=False).reshape(len(arr), t.list_size)
     return arr.to_pylist()
 
 
@@ -108,11 +111,26 @@ class ParquetDataset(Shards):
             return self._cached[1]
         f, g = self._groups[shard]
         if self._file is None or self._file[0] != f:  # keep the open file (and its footer)
-            self._file = (f, _pq().ParquetFile(self.cache.path(self.paths[f])))
+            self._file = (f, self._open_file(self.paths[f]))
         table = self._file[1].read_row_group(g, columns=self.columns)
+        if table.num_rows != self.shard_sizes[shard]:  # the file changed since it was counted
+            raise DataError(f"{self.shard_names[shard]} holds {table.num_rows} rows, but "
+                            f"{self.shard_sizes[shard]} when the dataset was made: the file "
+                            "changed; make the ParquetDataset again")
         cols = {name: _column(table.column(name)) for name in table.column_names}
         self._cached = (shard, cols)
         return cols
+
+    def _open_file(self, path: str) -> Any:
+        pq = _pq()
+        try:
+            return pq.ParquetFile(self.cache.path(path))
+        except FileNotFoundError:
+            if not is_remote(path):
+                raise DataError(f"Parquet file {path} does not exist (it did when the dataset "
+                                "was made)") from None
+            # evicted by another worker between its download and this open: fetch it again
+            return pq.ParquetFile(self.cache.path(path))
 
     def shard_source(self, shard: int) -> str:
         return self.paths[self._groups[shard][0]]

@@ -95,7 +95,12 @@ class RecordWriter:
             raise DataError("this RecordWriter is closed; open a new one to write more")
         if self._file is None:
             self._open_shard()
-        n = len(record)
+        # Bytes, not len(): a numpy array or a memoryview of one has len() elements
+        # (4 for a float32[4], 16 bytes), which put every later record at the wrong offset.
+        view = memoryview(record)
+        if not view.c_contiguous:  # a strided array: write() and crc32 need one run of bytes
+            record = view = memoryview(view.tobytes())
+        n = view.nbytes
         self._file.write(record)
         self._crcs.append(zlib.crc32(record))
         self._crc = zlib.crc32(record, self._crc)

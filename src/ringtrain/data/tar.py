@@ -2,9 +2,15 @@
 
 The WebDataset convention: a sample is the run of consecutive tar members that share
 a *key*, the member's path up to the first dot of its file name; the rest of the
-name is the field (``000017.jpg`` and ``000017.cls`` are sample ``000017`` with
-fields ``jpg`` and ``cls``). A sample reads as ``{"__key__": key, "jpg": bytes,
-"cls": bytes, ...}`` (``transform`` decodes it).
+name, lower-cased as the webdataset package does, is the field (``000017.jpg`` and
+``000017.CLS`` are sample ``000017`` with fields ``jpg`` and ``cls``). A sample reads as
+``{"__key__": key, "jpg": bytes, "cls": bytes, ...}`` (``transform`` decodes it).
+
+A shard that breaks the convention is a ``DataError`` naming the shard and the key, not
+samples silently cut apart or merged: a key whose files are not next to each other
+(``tar`` without ``--sort=name`` archives in directory order), a field twice in one
+sample (webdataset raises on it too), and a shard without tar's end-of-archive blocks
+(a writer that never finished, or a copy cut short on a member boundary).
 
 A worker maps a shard when it first reads from it, indexes it by walking the tar
 headers in the map (the data blocks are skipped, not read), and slices each field
@@ -75,6 +81,8 @@ def _pax(data: bytes) -> dict[str, str]:
 def _members(mm: Any, path: str | Path) -> list[tuple[str, int, int]]:
     try:
         return _walk(mm, path)
+    except DataError:
+        raise  # already says what is wrong (a truncated shard is not "a damaged header")
     except (ValueError, IndexError) as err:  # a number field that is not a number
         reason = str(err)
         if reason.startswith(f"cannot read tar shard {path}: "):  # already ours: say it once
@@ -95,9 +103,11 @@ def _walk(mm: Any, path: str | Path) -> list[tuple[str, int, int]]:
     pos, end = 0, len(mm)
     long_name: str | None = None
     pax: dict[str, str] = {}
+    finished = False
     while pos + _BLOCK <= end:
         hdr = mm[pos:pos + _BLOCK]
         if hdr.count(0) == _BLOCK:
+            finished = True
             break  # end of archive (two zero blocks; one is enough to stop)
         # ustar, GNU and pax writers all put the magic there; an old v7 header (or
         # garbage) has to pass the checksum, with its own field counted as spaces.
@@ -128,21 +138,45 @@ def _walk(mm: Any, path: str | Path) -> list[tuple[str, int, int]]:
     if pos > end:
         raise DataError(f"cannot read tar shard {path}: it is truncated ({end} bytes, the last "
                         f"member needs {pos})")
+    if not finished:
+        # Cut on a member boundary (a killed writer flushes whole 512-byte blocks, a copy
+        # stops between buffers): every header parses, but the last sample may lack
+        # fields and later samples are gone. tar writers end with zero blocks.
+        raise DataError(f"cannot read tar shard {path}: it ends after {end} bytes without "
+                        "tar's end-of-archive blocks, so it was cut short (a writer that did "
+                        "not finish, or an interrupted copy); write or copy it again")
     return out
 
 
-def _group(members: list[tuple[str, int, int]]) -> list[_Sample]:
+def _group(members: list[tuple[str, int, int]], path: str | Path) -> list[_Sample]:
+    """Consecutive members that share a key, as webdataset's ``group_by_keys`` groups
+    them (its ``base_plus_ext`` split, the field lower-cased), with its convention checked:
+    a key that comes back after another key, or a field twice in one sample, is an error
+    here, where webdataset yields the pieces as separate samples (or raises)."""
     samples: list[_Sample] = []
+    done: set[str] = set()
     for name, off, size in members:
         slash = name.rfind("/")
         dot = name.find(".", slash + 1)
-        if dot < 0:
-            continue  # no field: not part of a sample
-        key, field = name[:dot], name[dot + 1:]
+        if dot <= 0:
+            continue  # no field, or no key (".x.jpg"): not part of a sample, as in webdataset
+        key, field = name[:dot], name[dot + 1:].lower()
         if samples and samples[-1][0] == key:
-            samples[-1][1].append((field, off, size))
-        else:
-            samples.append((key, [(field, off, size)]))
+            fields = samples[-1][1]
+            if any(f == field for f, _, _ in fields):
+                raise DataError(f"tar shard {path}: sample {key!r} has field {field!r} twice "
+                                f"(member {name!r}); each file name may occur once per shard, "
+                                "write the shard again")
+            fields.append((field, off, size))
+            continue
+        if samples:
+            done.add(samples[-1][0])
+        if key in done:
+            raise DataError(f"tar shard {path}: the files of sample {key!r} are not next to "
+                            f"each other (member {name!r} comes after other samples'); a "
+                            "sample's files must be consecutive: write the shard again with "
+                            "them together (e.g. tar --sort=name)")
+        samples.append((key, [(field, off, size)]))
     return samples
 
 
@@ -160,7 +194,7 @@ def tar_samples(path: str | Path) -> list[_Sample]:
     """Index a tar file: its samples in order, each with its fields' places in the file."""
     mm = _map(path)
     try:
-        return _group(_members(mm, path))
+        return _group(_members(mm, path), path)
     finally:
         mm.close()
 
@@ -172,7 +206,7 @@ class _Open:
 
     def __init__(self, path: Path) -> None:
         self.mm = _map(path)
-        self.samples = _group(_members(self.mm, path))
+        self.samples = _group(_members(self.mm, path), path)
 
 
 class TarShards(Shards):
@@ -185,7 +219,7 @@ class TarShards(Shards):
         transform: ``f(sample dict) -> sample`` (e.g. decode the image), run in workers.
         cache: where shards by URL are downloaded (default: a :class:`ShardCache`).
         fields: keep only these fields of each sample (default: all; one field may be
-            given as a str).
+            given as a str; fields are lower-cased, as the shard's are).
     """
 
     def __init__(self, shards: str | Sequence[str], sizes: Sequence[int] | None = None,
@@ -194,7 +228,7 @@ class TarShards(Shards):
         self.cache = cache or ShardCache()
         if isinstance(fields, str):  # one field, not its characters (every field was dropped)
             fields = (fields,)
-        self.fields = None if fields is None else frozenset(fields)
+        self.fields = None if fields is None else frozenset(f.lower() for f in fields)
         names, listed = _shard_list(shards)
         sizes = sizes if sizes is not None else listed
         if sizes is None:
