@@ -140,13 +140,16 @@ def is_final_name(name: str) -> bool:
 
 def _temp_name(name: str) -> str:
     # host and pid: a later save (or latest()) can tell a dead writer's leftover from a
-    # live writer's file, also on a file system shared by several hosts.
-    return f"{name}{_TMP_MARK}{socket.gethostname()}-{os.getpid()}"
+    # live writer's file, also on a file system shared by several hosts. The token: two
+    # saves of one path at once in one process (threads) must not share a temporary file
+    # (the second truncated the first's, one rename failed, the other could publish a mix).
+    return f"{name}{_TMP_MARK}{socket.gethostname()}-{os.getpid()}.{uuid.uuid4().hex[:8]}"
 
 
 def _writer_is_gone(tmp_name: str) -> bool:
     tail = tmp_name.rsplit(_TMP_MARK, 1)[-1]
     host, _, pid = tail.rpartition("-")
+    pid = pid.split(".", 1)[0]  # "<pid>.<token>" (a pre-token leftover is "<pid>")
     if not host or not pid.isdigit():
         return False  # not a host-pid name (a sharded save's token: cleaned by its own save)
     if host != socket.gethostname():
@@ -250,8 +253,13 @@ def _unpickle(payload: bytes, path: Path, weights_only: bool, map_location: Any)
     try:
         return torch.load(io.BytesIO(payload), map_location=map_location, weights_only=weights_only)
     except Exception as exc:  # noqa: BLE001 - torch raises UnpicklingError or RuntimeError
-        if not weights_only:
-            raise CheckpointError(f"cannot unpickle checkpoint {path}: {first_line(exc)}") from None
+        if not weights_only or not isinstance(exc, pickle.UnpicklingError):
+            # Not the safe load's refusal (that is an UnpicklingError): a map_location
+            # naming a device this machine lacks, say. weights_only=False would not help.
+            why = first_line(exc, 120)
+            if "device" in why.lower():
+                why += f" (map_location={map_location!r}); load with map_location='cpu' (the default)"
+            raise CheckpointError(f"cannot load checkpoint {path}: {why}") from None
         found = sorted(set(_UNSAFE_GLOBAL.findall(str(exc))))
         what = ", ".join(found) if found else first_line(exc, 160)
         raise CheckpointError(
@@ -265,13 +273,13 @@ def load(
 ) -> Any:
     """Read a checkpoint; in a job, rank 0 reads and every rank gets the same state.
 
-    Every rank must call it. The load is safe by default (see :func:`_unpickle`);
+    Every rank must call it, with the same path. The load is safe by default (see :func:`_unpickle`);
     ``weights_only=False`` loads arbitrary pickled objects and is only for trusted files.
     """
     target = Path(path)
     if not _distributed():
         return _unpickle(_read_verified(target), target, weights_only, map_location)
-    from ringtrain.collectives import broadcast_, broadcast_object
+    from ringtrain.collectives import allgather_object, broadcast_
 
     payload: bytes | None = None
     status: Any = None
@@ -281,7 +289,18 @@ def load(
             status = len(payload)
         except CheckpointError as exc:
             status = str(exc)
-    status = broadcast_object(status, root_rank=0, name=f"checkpoint {target}")
+    # Every rank's path along with rank 0's verdict: per-rank files (``ckpt-{rank}``)
+    # would otherwise all load rank 0's file, silently.
+    parts = allgather_object((status, str(target)), name=f"checkpoint {target}")
+    status = parts[0][0]
+    paths = [path for _, path in parts]
+    if len(set(paths)) > 1:
+        other = next(r for r, p in enumerate(paths) if p != paths[0])
+        raise CheckpointError(
+            f"rt.checkpoint.load got different paths: {paths[0]} on rank 0, {paths[other]} on rank "
+            f"{other}; it reads rank 0's file for every rank (and rt.checkpoint.save writes on rank 0 "
+            "only): pass the same path on every rank, or save and load per-rank files with "
+            "torch.save / torch.load")
     if isinstance(status, str):
         raise CheckpointError(status)
     buf = (
@@ -293,13 +312,21 @@ def load(
     return _unpickle(buf.numpy().tobytes(), target, weights_only, map_location)
 
 
-def _step_key(path: Path) -> tuple[int, float]:
-    numbers = re.findall(r"\d+", path.name)
-    return (int(numbers[-1]) if numbers else -1, path.stat().st_mtime)
+def _step_key(path: Path) -> tuple[tuple[int, ...], float]:
+    # Every number in the name, compared left to right as numbers: epoch-10 follows
+    # epoch-9, and "step_200-loss_0.20" follows "step_100-loss_0.35" (the last number
+    # alone, the loss's digits, picked the older one).
+    numbers = tuple(int(n) for n in re.findall(r"\d+", path.name))
+    try:
+        mtime = path.stat().st_mtime
+    except OSError:
+        mtime = 0.0  # removed since the listing; reading it below skips it
+    return (numbers, mtime)
 
 
 def latest(directory: str | os.PathLike[str], pattern: str = f"*{SUFFIX}") -> Path | None:
-    """The newest complete checkpoint in ``directory`` (highest number in its name, then mtime).
+    """The newest complete checkpoint in ``directory``: the numbers in its name compared
+    left to right (``epoch=10-step=900`` after ``epoch=9-step=990``), then its mtime.
 
     Damaged files are skipped with a warning, so a crash during a write never hides the
     previous good checkpoint. Sharded checkpoint directories (:func:`save_sharded`)
@@ -514,12 +541,63 @@ def _resolve_sharded(target: Path) -> Path:
     raise CheckpointError(f"sharded checkpoint {target} does not exist; check the path")
 
 
-def load_sharded(path: str | os.PathLike[str], state: dict[str, Any]) -> dict[str, Any]:
+def _lacking(directory: Path, state: dict[str, Any]) -> list[str] | None:
+    """The checkpoint's keys under a top-level key that ``state`` has which ``state``
+    lacks (``None``: the metadata cannot tell)."""
+    import torch.distributed.checkpoint as dcp
+
+    try:
+        paths = dcp.FileSystemReader(str(directory)).read_metadata().planner_data
+    except Exception:  # noqa: BLE001 - DCP's own load reports an unreadable metadata file
+        return None
+    if not isinstance(paths, dict):
+        return None
+    lacking = []
+    for key, where in paths.items():
+        if not isinstance(where, tuple) or not where or where[0] not in state:
+            continue  # a whole entry the caller does not ask for (the optimizer, extras)
+        node: Any = state
+        for part in where:
+            if isinstance(node, dict) or (isinstance(node, list) and isinstance(part, int)):
+                if part not in node if isinstance(node, dict) else part >= len(node):
+                    lacking.append(key)
+                    break
+                node = node[part]
+            else:
+                break  # the state holds a leaf here: DCP judges whether it fits
+    return sorted(lacking)
+
+
+def _refuse_partial(found: Path, state: dict[str, Any], target: Path, size: int) -> None:
+    """A :class:`CheckpointError` on every rank where the checkpoint holds keys that no
+    rank's ``state`` has (a pipeline stage's state lacks the other stages' keys)."""
+    mine = _lacking(found, state)
+    parts: list[Any] = [mine]
+    if size > 1:
+        from ringtrain.collectives import allgather_object
+
+        parts = allgather_object(mine, name=f"checkpoint {target} (keys)")
+    known = [set(part) for part in parts if part is not None]
+    lacking = sorted(set.intersection(*known)) if known else []
+    if lacking:
+        more = f" and {len(lacking) - 1} more" if len(lacking) > 1 else ""
+        raise CheckpointError(
+            f"cannot load sharded checkpoint {target} into this state: the checkpoint holds "
+            f"{lacking[0]}{more}, which the state lacks (another model's checkpoint?); load it "
+            "into a state of the model that saved it, or pass strict=False to load_sharded to "
+            "fill only the state's own keys")
+
+
+def load_sharded(path: str | os.PathLike[str], state: dict[str, Any], strict: bool = True) -> dict[str, Any]:
     """Fill ``state`` in place from the sharded checkpoint at ``path`` and return it.
 
     ``state`` describes *this* run's layout (e.g. ``Parallel.state_dict(opt)``): its
     tensors say which pieces this rank needs, whatever layout saved them. Every rank
-    must call it.
+    must call it. A key of ``state`` the checkpoint lacks is an error (as in DCP); so,
+    with ``strict``, is a key the checkpoint holds under a top-level entry of ``state``
+    that ``state`` lacks (as ``load_state_dict(strict=True)``; DCP would skip it): a
+    4-layer model's checkpoint does not load into a 2-layer model. Top-level entries
+    ``state`` does not name (``"optimizer"``, extras) are not read.
     """
     import torch.distributed.checkpoint as dcp
 
@@ -538,6 +616,8 @@ def load_sharded(path: str | os.PathLike[str], state: dict[str, Any]) -> dict[st
         from ringtrain.collectives import broadcast_object
 
         found = broadcast_object(str(found), root_rank=0, name=f"checkpoint {target}")
+    if strict:
+        _refuse_partial(Path(found), state, target, size)
     from torch.distributed.checkpoint.api import CheckpointException
 
     try:
