@@ -54,8 +54,18 @@ def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None,
     """The root's ``obj`` on every member (pickled, sent as bytes)."""
     base = name if name is not None else unique_name("object", None, set_id(process_set))
     if rank() == root_rank:
-        data = torch.frombuffer(bytearray(_dumps(obj)), dtype=torch.uint8)
-        size = torch.tensor([data.numel()], dtype=torch.int64)
+        size = torch.zeros(1, dtype=torch.int64)
+        try:
+            payload = _dumps(obj)
+        except Exception as exc:
+            # The other members were left waiting for the size for ever (no stall limit
+            # by default): they get the root's error instead.
+            ops.refuse("broadcast", size, f"{base}.sz", process_set,
+                       f"broadcast_object: the root (rank {root_rank}) cannot pickle its object: "
+                       f"{type(exc).__name__}: {exc}", root=root_rank)
+            raise
+        data = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
+        size[0] = data.numel()
         broadcast_(size, root_rank, f"{base}.sz", process_set)
         broadcast_(data, root_rank, f"{base}.t", process_set)
         return obj
@@ -70,7 +80,14 @@ def allgather_object(obj: Any, name: str | None = None,
                      process_set: ProcessSet = global_process_set) -> list[Any]:
     """Every member's ``obj``, in rank order."""
     base = name if name is not None else unique_name("object_gather", None, set_id(process_set))
-    data = torch.frombuffer(bytearray(_dumps(obj)), dtype=torch.uint8)
+    try:
+        payload = _dumps(obj)
+    except Exception as exc:
+        # As in broadcast_object: the other members get this rank's error, not a wait.
+        ops.refuse("allgather", torch.zeros(1, dtype=torch.int64), f"{base}.sz", process_set,
+                   f"allgather_object: rank {rank()} cannot pickle its object: {type(exc).__name__}: {exc}")
+        raise
+    data = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
     sizes = allgather(torch.tensor([data.numel()], dtype=torch.int64), f"{base}.sz", process_set)
     gathered = allgather(data, f"{base}.t", process_set)
     out, offset = [], 0

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import replace
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 
@@ -19,6 +19,9 @@ from ringtrain.horovod.handles import (
     Adasum,
     Average,
     HorovodUsageError,
+    Max,
+    Min,
+    Product,
     Sum,
     check_tensor,
     handle_average_backwards_compatibility,
@@ -66,24 +69,49 @@ def _overlapping(tensor: torch.Tensor) -> bool:
     return any(st == 0 and n > 1 for st, n in zip(tensor.stride(), tensor.shape, strict=True))
 
 
-def _refuse_overlap(metas: Sequence[Meta], tensors: Sequence[torch.Tensor]) -> None:
-    """An in-place operation writes its result into the tensor, which cannot be done
-    where elements share memory. That failed inside the coordinator, after the exchange,
-    on the rank holding such a tensor only, as a recoverable HorovodInternalError (so
-    ``hvd.elastic`` restarted over it). Horovod refuses non-contiguous tensors at the
-    call; here only these are refused, at the call, and every member gets the same
-    error: the operation is still submitted, marked refused, so no rank waits for it."""
-    bad = next((t for t in tensors if _overlapping(t)), None)
-    if bad is None:
-        return
-    kind = metas[0].kind
-    text = (f"{kind} {metas[0].name!r} in place on rank {engine().rank}: elements of the tensor "
-            f"(shape {tuple(bad.shape)}, strides {bad.stride()}) share memory, as after expand(), "
-            "so the result cannot be written into it; pass tensor.clone() or use the out-of-place "
-            f"hvd.{kind}()")
+def _refuse(metas: Sequence[Meta], text: str) -> NoReturn:
+    """Refuse an operation this rank cannot take part in, so that every member gets the
+    same error instead of waiting for it: the operation is still submitted, marked
+    refused, and the coordinator gives every member ``text``."""
     for meta in metas:
         engine().submit(replace(meta, refused=text), None)
     raise ValueError(text)
+
+
+def refuse(kind: str, tensor: torch.Tensor, name: str | None, process_set: ProcessSet, text: str,
+           **fields: Any) -> None:
+    """Submit the operation ``hvd.<kind>(tensor, name=name, ...)`` would, refused with
+    ``text``: the other members get ``text`` as their error instead of waiting for this
+    rank (which raises its own error after this)."""
+    meta = meta_for(kind, tensor, name, process_set, **fields)
+    engine().submit(replace(meta, refused=text), None)
+
+
+def _refuse_unusable(metas: Sequence[Meta], tensors: Sequence[torch.Tensor], in_place: bool) -> None:
+    """Tensors a collective cannot take, refused at the call on every member.
+
+    A sparse (or other non-strided) tensor: Horovod refuses it with a ValueError (its
+    collectives take dense tensors only). Here it failed inside the coordinator, after
+    every member had agreed to run the operation, on the rank holding it only: the others
+    waited in the backend for that rank's side, and the job was out of step from there on
+    (every later operation stalled). In place, a tensor whose elements share memory
+    (``expand()``): the result cannot be written into it, which failed the same way, as a
+    recoverable HorovodInternalError (so ``hvd.elastic`` restarted over it). Horovod
+    refuses every non-contiguous tensor in place; here only these are refused."""
+    kind = metas[0].kind
+    where = f"{kind} {metas[0].name!r} on rank {engine().rank}"
+    sparse = next((t for t in tensors if t.layout != torch.strided), None)
+    if sparse is not None:
+        hint = ("pass tensor.to_dense(), or hvd.sparse_allreduce_async(tensor, name, op) for a sparse "
+                "gradient" if kind == "allreduce" else "pass tensor.to_dense()")
+        _refuse(metas, f"{where}: a tensor with layout {sparse.layout} is not supported (collectives "
+                       f"take dense tensors, as Horovod's); {hint}")
+    bad = next((t for t in tensors if _overlapping(t)), None) if in_place else None
+    if bad is not None:
+        _refuse(metas, f"{kind} {metas[0].name!r} in place on rank {engine().rank}: elements of the "
+                       f"tensor (shape {tuple(bad.shape)}, strides {bad.stride()}) share memory, as after "
+                       "expand(), so the result cannot be written into it; pass tensor.clone() or use "
+                       f"the out-of-place hvd.{kind}()")
 
 
 def _allreduce_meta(tensor: torch.Tensor, name: str | None, op: int, prescale_factor: float,
@@ -92,6 +120,13 @@ def _allreduce_meta(tensor: torch.Tensor, name: str | None, op: int, prescale_fa
     _check_bool("allreduce", tensor, op, pre, post)
     if op == Adasum and not tensor.is_floating_point():
         raise ValueError(f"Adasum needs a floating-point tensor, got {tensor.dtype}")
+    if op in (Min, Max, Product) and isinstance(tensor, torch.Tensor) and tensor.is_complex():
+        # Complex numbers have no order, and the backends (Gloo, NCCL) have no complex
+        # product: it failed in the coordinator on every rank, after the negotiation, as a
+        # recoverable HorovodInternalError (what hvd.elastic takes for a lost rank).
+        raise ValueError(f"allreduce of a {tensor.dtype} tensor with op=hvd.{op_name(op).capitalize()} "
+                         "is not supported (complex numbers have no order, and the backends no "
+                         "complex product); reduce torch.view_as_real(tensor) or use op=hvd.Sum")
     return meta_for("allreduce", tensor, name, process_set, op=op_name(op), prescale=pre, postscale=post)
 
 
@@ -101,7 +136,7 @@ def allreduce_async_(tensor: torch.Tensor, average: bool | None = None, name: st
     """Reduce ``tensor`` in place across the process set; returns a handle."""
     op = handle_average_backwards_compatibility(op, average)
     meta = _allreduce_meta(tensor, name, op, prescale_factor, postscale_factor, process_set)
-    _refuse_overlap([meta], [tensor])
+    _refuse_unusable([meta], [tensor], in_place=True)
     return submit(meta, Request(meta, tensor, output=tensor))
 
 
@@ -111,6 +146,7 @@ def allreduce_async(tensor: torch.Tensor, average: bool | None = None, name: str
     """Reduce a copy of ``tensor`` across the process set; returns a handle."""
     op = handle_average_backwards_compatibility(op, average)
     meta = _allreduce_meta(tensor, name, op, prescale_factor, postscale_factor, process_set)
+    _refuse_unusable([meta], [tensor], in_place=False)
     return submit(meta, Request(meta, tensor))
 
 
@@ -130,8 +166,7 @@ def _grouped(tensors: Sequence[torch.Tensor], name: str | None, op: int, prescal
                        name=f"{base}.{i}")
         metas.append(meta)
         reqs.append(Request(meta, t, output=t if in_place else None))
-    if in_place:
-        _refuse_overlap(metas, tensors)
+    _refuse_unusable(metas, tensors, in_place)
     return submit_many(metas, reqs)
 
 
@@ -175,6 +210,7 @@ def allgather_async(tensor: torch.Tensor, name: str | None = None,
                     process_set: ProcessSet = global_process_set) -> int:
     """Concatenate every member's tensor along dim 0 (first dimensions may differ)."""
     meta = meta_for("allgather", tensor, name, process_set)
+    _refuse_unusable([meta], [tensor], in_place=False)
     return submit(meta, Request(meta, tensor))
 
 
@@ -189,6 +225,8 @@ def grouped_allgather_async(tensors: Sequence[torch.Tensor], name: str | None = 
         meta = replace(meta_for("allgather", t, None, process_set), name=f"{base}.{i}")
         metas.append(meta)
         reqs.append(Request(meta, t))
+    if metas:
+        _refuse_unusable(metas, tensors, in_place=False)
     return submit_many(metas, reqs)
 
 
@@ -201,13 +239,14 @@ def _root_meta(tensor: torch.Tensor, root_rank: int, name: str | None, process_s
 def broadcast_async(tensor: torch.Tensor, root_rank: int, name: str | None = None,
                     process_set: ProcessSet = global_process_set) -> int:
     meta = _root_meta(tensor, root_rank, name, process_set)
+    _refuse_unusable([meta], [tensor], in_place=False)
     return submit(meta, Request(meta, tensor))
 
 
 def broadcast_async_(tensor: torch.Tensor, root_rank: int, name: str | None = None,
                      process_set: ProcessSet = global_process_set) -> int:
     meta = _root_meta(tensor, root_rank, name, process_set)
-    _refuse_overlap([meta], [tensor])
+    _refuse_unusable([meta], [tensor], in_place=True)
     return submit(meta, Request(meta, tensor, output=tensor))
 
 
@@ -238,6 +277,7 @@ def alltoall_async(tensor: torch.Tensor, splits: Any = None, name: str | None = 
             raise ValueError(f"alltoall splits {send} sum to {sum(send)}, more than the first "
                              f"dimension {rows} of the tensor")
     meta = meta_for("alltoall", tensor, name, process_set, splits=tuple(send))
+    _refuse_unusable([meta], [tensor], in_place=False)
     data = tensor if sum(send) == rows else tensor[: sum(send)]
 
     def post(result: tuple[torch.Tensor, list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -266,6 +306,7 @@ def reducescatter_async(tensor: torch.Tensor, name: str | None = None, op: int =
                         process_set: ProcessSet = global_process_set, prescale_factor: float = 1.0,
                         postscale_factor: float = 1.0) -> int:
     meta = _reducescatter_meta(tensor, name, op, process_set, prescale_factor, postscale_factor)
+    _refuse_unusable([meta], [tensor], in_place=False)
     return submit(meta, Request(meta, tensor))
 
 
@@ -276,6 +317,8 @@ def grouped_reducescatter_async(tensors: Sequence[torch.Tensor], name: str | Non
     base = unique_name("grouped_reducescatter", name, set_id(process_set))
     metas = [_reducescatter_meta(t, None, op, process_set, prescale_factor, postscale_factor, f"{base}.{i}")
              for i, t in enumerate(tensors)]
+    if metas:
+        _refuse_unusable(metas, tensors, in_place=False)
     return submit_many(metas, [Request(m, t) for m, t in zip(metas, tensors, strict=True)])
 
 

@@ -53,6 +53,30 @@ class Request:
 
 #: Integer dtypes whose sum over a few ranks overflows long before their average does.
 _NARROW_INTS = (torch.int8, torch.uint8, torch.int16)
+#: Integer dtypes the backends cannot reduce (Gloo: "Invalid scalar type"; NCCL has no
+#: 16-bit integers either), and the wider one they are reduced in. Narrowing back wraps
+#: the sum and the product as arithmetic in the dtype itself would; min and max are exact.
+_WIDEN = {torch.int16: torch.int32, torch.uint16: torch.int64, torch.uint32: torch.int64}
+
+
+def _reduce_dtype(dtype: torch.dtype, op: str) -> tuple[torch.dtype, bool]:
+    """The dtype a reduction travels in, and whether its result goes back to ``dtype``
+    before the postscale (an average is divided in the wide dtype: the sum of two int8
+    100s wrapped to -56 and averaged to -28; summed in int64, the average, which always
+    fits the dtype, is exact)."""
+    if op == "average" and (dtype in _NARROW_INTS or dtype in _WIDEN):
+        return torch.int64, False
+    if dtype in _WIDEN:
+        return _WIDEN[dtype], True
+    return dtype, False
+
+
+def _plain(t: torch.Tensor) -> torch.Tensor:
+    """``t`` with its lazy conjugate or negation applied: ``x.conj()`` and
+    ``torch._neg_view`` views carry a bit instead of the values, which ``view(uint8)``
+    refuses and a backend ignores. It failed on the rank holding such a view only, after
+    the negotiation, so the other members waited in the backend for it."""
+    return t.resolve_conj().resolve_neg()
 
 
 def _dtype(name: str) -> torch.dtype:
@@ -124,22 +148,23 @@ def allreduce_fused(group: Group, metas: Sequence[Meta], reqs: Sequence[Request 
         if req is None or req.tensor is None:
             parts.append(torch.zeros(meta.shape, dtype=dtype, device=device).reshape(-1))
         else:
-            parts.append(_scale(req.tensor.detach(), meta.prescale).reshape(-1))
+            parts.append(_scale(_plain(req.tensor.detach()), meta.prescale).reshape(-1))
     size = len(group.ranks)
     if first.op == "adasum":
         results = [_adasum(group, p) for p in parts]
     else:
         flat = torch.cat(parts) if len(parts) > 1 else parts[0].clone()
-        if first.op == "average" and dtype in _NARROW_INTS:
-            # The sum of two int8 100s wrapped to -56 and averaged to -28; summed in
-            # int64, the average (which always fits the dtype) is exact. (Horovod refuses
-            # these dtypes in allreduce; a wrapped sum is only what op=Sum promises.)
-            flat = flat.to(torch.int64)
+        # (Horovod refuses these dtypes in allreduce; a wrapped sum is only what op=Sum
+        # promises.)
+        wide, narrow_back = _reduce_dtype(dtype, first.op)
+        flat = flat.to(wide)
         pg, wire = _wire(group, flat)
         inflight.hold(wire)
         dist.all_reduce(wire, op=_TORCH_OPS[first.op], group=pg)
         if wire is not flat:
             flat.copy_(wire)
+        if narrow_back:
+            flat = flat.to(dtype)  # wrapped before the postscale, as in the dtype itself
         results, offset = [], 0
         for meta in metas:
             n = 1
@@ -159,7 +184,7 @@ def _adasum(group: Group, flat: torch.Tensor) -> torch.Tensor:
 
 
 def _as_bytes(t: torch.Tensor) -> torch.Tensor:
-    return t.contiguous().reshape(-1).view(torch.uint8)
+    return _plain(t).contiguous().reshape(-1).view(torch.uint8)
 
 
 def _gather_bytes(group: Group, t: torch.Tensor, rows: Sequence[int]) -> list[torch.Tensor]:
@@ -239,14 +264,15 @@ def reducescatter(group: Group, req: Request | None, meta: Meta, world_rank: int
     if req is None or req.tensor is None:
         t = torch.zeros(meta.shape, dtype=dtype, device=device)
     else:
-        t = _scale(req.tensor.detach(), meta.prescale).contiguous()
-    if meta.op == "average" and dtype in _NARROW_INTS:
-        t = t.to(torch.int64)  # as in allreduce_fused: the sum must not wrap
+        t = _scale(_plain(req.tensor.detach()), meta.prescale).contiguous()
+    wide, narrow_back = _reduce_dtype(dtype, meta.op)  # as in allreduce_fused
+    t = t.to(wide)
     shares = reducescatter_shares(meta.shape[0], len(group.ranks))
     pg, wire = _wire(group, t)
     pieces = [p.contiguous() for p in torch.split(wire, shares)]
     out = torch.empty_like(pieces[group.index(world_rank)])
     inflight.hold(out, *pieces)
     dist.reduce_scatter(out, pieces, op=_TORCH_OPS[meta.op], group=pg)
+    out = out.to(dtype) if narrow_back else out
     result = _finish(out.to(t.device), meta, len(group.ranks)).to(dtype)
     return None if req is None else result
