@@ -24,10 +24,11 @@ import socket
 import sys
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
-__all__ = ["World", "WorldFailed", "free_port", "run_world", "start_world"]
+__all__ = ["World", "WorldFailed", "error_of", "free_port", "run_scenarios", "run_world", "scenario_results",
+           "start_world"]
 
 
 class WorldFailed(AssertionError):
@@ -156,3 +157,34 @@ def run_world(fn: Callable[..., Any], n: int, *args: Any, timeout: float = 60.0,
     """Run ``fn(*args)`` on ``n`` ranks; results by rank (or the error texts if expect_failure)."""
     return start_world(fn, n, *args, timeout=timeout, env=env, init=init,
                        expect_failure=expect_failure).results()
+
+
+def run_scenarios(scenarios: Sequence[tuple[str, Callable[[], Any]]]) -> dict[str, Any]:
+    """In a rank: each scenario's result by label, or its error as text, so that one
+    failing scenario of a shared world does not hide the others (order them so those
+    that can leave the ranks out of step run last)."""
+    out: dict[str, Any] = {}
+    for label, scenario in scenarios:
+        try:
+            out[label] = scenario()
+        except Exception as exc:  # noqa: BLE001 - the test of that scenario reports it
+            out[label] = f"{type(exc).__name__}: {exc}"
+    return out
+
+
+def scenario_results(world: list[dict[str, Any]], label: str) -> list[Any]:
+    """Every rank's result of scenario ``label`` (see :func:`run_scenarios`); fails with the
+    first rank's error text if one raised."""
+    outs = [o[label] for o in world]
+    for rank, o in enumerate(outs):
+        assert not isinstance(o, str), f"rank {rank}: {o}"
+    return outs
+
+
+def error_of(call: Callable[[], Any]) -> tuple[str, str] | None:
+    """(exception class, message) of what ``call()`` raised, or None."""
+    try:
+        call()
+    except Exception as exc:  # noqa: BLE001 - the tests judge the class and the text
+        return type(exc).__name__, str(exc)
+    return None

@@ -14,20 +14,14 @@ from typing import Any
 
 import pytest
 import torch
-from ringtest import run_world
+from ringtest import error_of, run_scenarios, run_world, scenario_results
 
 #: Short enough that a scenario which stalls (as they did before their fixes) fails the
 #: world quickly, long enough for a loaded 2-core machine.
 STALL_S = "6"
 
 
-def _error(call: Any) -> tuple[str, str] | None:
-    """(exception class, message) of what ``call()`` raised, or None."""
-    try:
-        call()
-    except Exception as exc:  # noqa: BLE001 - the tests judge the class and the text
-        return type(exc).__name__, str(exc)
-    return None
+_error = error_of
 
 
 def _overlapping(hvd: Any) -> dict[str, Any]:
@@ -168,14 +162,9 @@ def _world() -> dict[str, Any]:
     import ringtrain.horovod as hvd
 
     hvd.init()
-    out: dict[str, Any] = {}
     # In order of harm before the fixes: the last two stalled.
-    for label, scenario in (("overlap", _overlapping), ("clip", _clip_in_place),
-                            ("names", _named_alike), ("join", _join)):
-        try:
-            out[label] = scenario(hvd)
-        except Exception as exc:  # noqa: BLE001 - the test of that scenario reports it
-            out[label] = f"{type(exc).__name__}: {exc}"
+    out = run_scenarios([("overlap", lambda: _overlapping(hvd)), ("clip", lambda: _clip_in_place(hvd)),
+                         ("names", lambda: _named_alike(hvd)), ("join", lambda: _join(hvd))])
     hvd.shutdown()
     return out
 
@@ -185,11 +174,7 @@ def world() -> list[dict[str, Any]]:
     return run_world(_world, 2, init=False, env={"RINGTRAIN_STALL_TIMEOUT": STALL_S}, timeout=100)
 
 
-def _scenario(world: list[dict[str, Any]], label: str) -> list[Any]:
-    outs = [o[label] for o in world]
-    for rank, o in enumerate(outs):
-        assert not isinstance(o, str), f"rank {rank}: {o}"
-    return outs
+_scenario = scenario_results
 
 
 @pytest.mark.timeout(120)

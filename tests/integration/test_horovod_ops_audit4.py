@@ -12,20 +12,14 @@ from typing import Any
 
 import pytest
 import torch
-from ringtest import run_world
+from ringtest import error_of, run_scenarios, run_world, scenario_results
 
 #: Short enough that a scenario which stalls (as they did before their fixes) fails the
 #: world quickly, long enough for a loaded 2-core machine.
 STALL_S = "6"
 
 
-def _error(call: Any) -> tuple[str, str] | None:
-    """(exception class, message) of what ``call()`` raised, or None."""
-    try:
-        call()
-    except Exception as exc:  # noqa: BLE001 - the tests judge the class and the text
-        return type(exc).__name__, str(exc)
-    return None
+_error = error_of
 
 
 def _in_step(hvd: Any, tag: str) -> float:
@@ -102,14 +96,10 @@ def _world() -> dict[str, Any]:
     import ringtrain.horovod as hvd
 
     hvd.init()
-    out: dict[str, Any] = {}
     # Those that put the ranks out of step before their fixes come last.
-    for label, scenario in (("int16", _int16), ("complex", _complex), ("views", _views),
-                            ("objects", _objects), ("sparse", _sparse)):
-        try:
-            out[label] = scenario(hvd)
-        except Exception as exc:  # noqa: BLE001 - the test of that scenario reports it
-            out[label] = f"{type(exc).__name__}: {exc}"
+    out = run_scenarios([("int16", lambda: _int16(hvd)), ("complex", lambda: _complex(hvd)),
+                         ("views", lambda: _views(hvd)), ("objects", lambda: _objects(hvd)),
+                         ("sparse", lambda: _sparse(hvd))])
     hvd.shutdown()
     return out
 
@@ -120,9 +110,8 @@ def world() -> list[dict[str, Any]]:
 
 
 def _scenario(world: list[dict[str, Any]], label: str) -> list[Any]:
-    outs = [o[label] for o in world]
+    outs = scenario_results(world, label)
     for rank, o in enumerate(outs):
-        assert not isinstance(o, str), f"rank {rank}: {o}"
         assert o["after"] == 1.0, (rank, o)
     return outs
 
