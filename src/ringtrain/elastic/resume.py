@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 from ringtrain import checkpoint, collectives, replicate, runtime
+from ringtrain.elastic.gather import gather_to_root
 from ringtrain.elastic.resize import follow_world, hosts_updated, resizable
 from ringtrain.elastic.state import ElasticState, HostsUpdated, Stateful, copy_states, load_states
 from ringtrain.errors import CheckpointError, ConfigError
@@ -338,8 +339,10 @@ class Resumable(ElasticState):
             "loader": self.loader.state_dict() if self.loader is not None else None,
             "optimizer": _local_state(self.optimizer),
         }
-        per_rank = collectives.allgather_object(mine, name="elastic.save") if size > 1 else [mine]
-        if rank != 0:
+        # Only rank 0 writes, so only rank 0 receives the ranks' states (before, every rank
+        # did: N copies of LocalSGD's parameters and inner state on each, see .gather).
+        per_rank = gather_to_root(mine, name="elastic.save") if size > 1 else [mine]
+        if rank != 0 or per_rank is None:
             return None
         state = {
             "step": step,
