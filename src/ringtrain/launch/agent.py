@@ -13,8 +13,10 @@ takes its workers along.
 Protocol (one line each; ``<rank>`` is the global rank):
 
 ringrun <- agent   ``R {json}``       ready: host name, cpus, interfaces, ssh addresses
-ringrun -> agent   ``{json}``         the spec: cwd, command, ranks with their env, and for
-                                      rank 0's host the address (and port) to listen on
+ringrun -> agent   ``{json}``         the spec: cwd, command, ranks with their env, for
+                                      rank 0's host the address (and port) to listen on,
+                                      and ``stop_grace``: the seconds between asking the
+                                      ranks to stop and SIGKILL (default 1.5)
                    empty lines        heartbeats, about one a second
                    ``{"stop_signal": N}``  stop the ranks with signal N, not SIGTERM (the
                                       SIGINT / SIGHUP ringrun got), when input ends
@@ -66,11 +68,21 @@ from ringtrain.errors import ConfigError  # noqa: E402
 from ringtrain.launch import reaper  # noqa: E402
 from ringtrain.launch.members import Rank, stop_marked  # noqa: E402
 
-__all__ = ["info", "main", "worker_extras"]
+__all__ = ["agent_grace", "info", "main", "worker_extras"]
 
-#: Seconds the workers have to stop before they are killed (below ringrun's own grace,
-#: launch/job.py's STOP_GRACE_S, so the agent has stopped them when ringrun would).
+#: Seconds the workers have to stop before they are killed, when the spec names none
+#: (``agent_grace`` of ringrun's default, launch/job.py's STOP_GRACE_S).
 GRACE_S = 1.5
+#: How much sooner than ringrun the agent kills: its last lines and exit reports must
+#: reach ringrun before ringrun kills the ssh client.
+AGENT_MARGIN_S = 1.0
+
+
+def agent_grace(grace: float) -> float:
+    """The grace an agent gives its ranks when ringrun's is ``grace`` (``--stop-grace``):
+    :data:`AGENT_MARGIN_S` less, so the agent has stopped them and said so when ringrun
+    would kill the connection; half of it below 2 s, so a short grace is not none."""
+    return max(grace - AGENT_MARGIN_S, grace / 2)
 
 
 def info() -> dict[str, Any]:
@@ -121,6 +133,7 @@ class _Agent:
         self.stopping = threading.Event()
         self.last_heard = time.monotonic()
         self.heartbeat_timeout = 0.0  # 0: no heartbeat expected
+        self.grace = GRACE_S  # the spec's stop_grace, once it came
         self.run_id: str | None = None
         self.watchdog: reaper.Watchdog | None = None
         #: Resizable jobs: each worker's reserved rendezvous socket and world files.
@@ -261,7 +274,7 @@ class _Agent:
 
     def stop(self) -> None:
         """Every worker's group, and what left them (setsid, a shell's grandchildren)."""
-        stop_marked(list(self.procs.values()), GRACE_S, self.run_id)
+        stop_marked(list(self.procs.values()), self.grace, self.run_id)
 
     def close_watchdog(self) -> None:
         if self.watchdog is not None:
@@ -310,6 +323,8 @@ def main() -> int:
             return 0  # ringrun went away before sending a spec (e.g. another host failed)
         spec = json.loads(first)
         agent.heartbeat_timeout = float(spec.get("heartbeat_timeout") or 0)
+        if spec.get("stop_grace") is not None:
+            agent.grace = max(0.0, float(spec["stop_grace"]))
         agent.last_heard = time.monotonic()
         if spec.get("listen"):
             listener = _reserve(spec["listen"]["addr"], int(spec["listen"]["port"]))

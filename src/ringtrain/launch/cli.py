@@ -27,7 +27,7 @@ from ringtrain.errors import ConfigError, RingtrainError
 from ringtrain.launch import slurm
 from ringtrain.launch.elastic.worlds import ElasticConfig
 from ringtrain.launch.hosts import Host, is_local_host, parse_hostfile, parse_hosts, place_ranks
-from ringtrain.launch.job import JobConfig
+from ringtrain.launch.job import STOP_GRACE_S, JobConfig
 from ringtrain.launch.output import check_output_dir
 from ringtrain.launch.slots import local_slots
 from ringtrain.launch.ssh import SshOptions, parse_ssh_option
@@ -95,6 +95,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--master-port", type=int, help="rendezvous port (default: a free one)")
     p.add_argument("--start-timeout", type=float, default=30.0,
                    help="seconds to wait for every remote host's agent to answer (default 30)")
+    p.add_argument("--stop-grace", type=float, default=STOP_GRACE_S, metavar="S",
+                   help="seconds the ranks have to end after ringrun passed them its SIGINT/SIGTERM/"
+                        f"SIGHUP (or stopped them) before SIGKILL (default {STOP_GRACE_S:g}; "
+                        "torchrun's --shutdown-timeout waits 30); a second Ctrl-C kills at once")
     settings = p.add_argument_group("settings (each sets its RINGTRAIN_* variable for every worker)")
     for spec in flag_specs():
         if spec.kind is bool:
@@ -284,6 +288,9 @@ def build_config(argv: list[str]) -> JobConfig:
         raise ConfigError(f"--max-restarts must be >= 0, got {args.max_restarts}")
     if not 0 < args.start_timeout < math.inf:  # NaN too
         raise ConfigError(f"--start-timeout must be > 0 seconds, got {args.start_timeout:g}")
+    if not 0 <= args.stop_grace < math.inf:  # NaN too
+        raise ConfigError(f"--stop-grace must be a number of seconds >= 0, got {args.stop_grace:g}; "
+                          f"e.g. --stop-grace 30 (the default is {STOP_GRACE_S:g})")
     if args.output_filename:
         check_output_dir(args.output_filename)
     if args.master_port is not None and not 0 < args.master_port < 65536:
@@ -326,6 +333,7 @@ def build_config(argv: list[str]) -> JobConfig:
         ssh=_ssh_options(args),
         network_interface=interface,
         start_timeout=args.start_timeout,
+        stop_grace=args.stop_grace,
         warnings=tuple(warnings),
         transport=transport,
         slurm_cpus=where.slurm_cpus,

@@ -23,7 +23,7 @@ import socket
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,7 +32,7 @@ from ringtrain import addresses, sockets
 from ringtrain.cpus import cpu_count
 from ringtrain.errors import ConfigError, LaunchError
 from ringtrain.launch import reaper
-from ringtrain.launch.agent import worker_extras
+from ringtrain.launch.agent import agent_grace, worker_extras
 from ringtrain.launch.elastic.worlds import ElasticConfig
 from ringtrain.launch.horovod_env import horovod_env
 from ringtrain.launch.hosts import Placement, is_local_host
@@ -53,8 +53,10 @@ __all__ = ["HEARTBEAT_EVERY_S", "STOP_GRACE_S", "HostsDown", "JobConfig", "JobRu
 HEARTBEAT_TIMEOUT_S = 30.0
 HEARTBEAT_EVERY_S = 1.0
 
-#: Seconds between stop request and SIGKILL; above the host agent's own 1.5 s grace so
-#: remote workers are stopped by their agent, and below the 5 s a Ctrl-C may take.
+#: Seconds between stop request and SIGKILL (``--stop-grace``'s default); above the host
+#: agent's own grace (1.5 s, ``agent.agent_grace``) so remote workers are stopped by
+#: their agent, and below the 5 s a Ctrl-C may take. torchrun waits 30 s
+#: (``--shutdown-timeout``); a longer grace is ``--stop-grace``.
 STOP_GRACE_S = 2.5
 
 
@@ -80,6 +82,10 @@ class JobConfig:
     python: str = sys.executable
     #: Seconds of silence from ringrun after which a host agent stops its ranks.
     heartbeat_timeout: float = HEARTBEAT_TIMEOUT_S
+    #: Seconds the ranks have to end after they were asked to stop (a signal to ringrun,
+    #: a failed rank, the end of the job) before SIGKILL (``--stop-grace``); remote
+    #: ranks get :func:`~ringtrain.launch.agent.agent_grace` of it from their agent.
+    stop_grace: float = STOP_GRACE_S
     #: What the user should know but that does not stop the job (``main`` prints it).
     warnings: tuple[str, ...] = ()
     #: How remote host agents are started: "ssh", or "srun" inside a Slurm allocation
@@ -353,7 +359,7 @@ def _start_attempt(cfg: JobConfig, attempt: int, run_id: str, sink: OutputSink,
             if watchdog is not None:
                 watchdog.watch_group(worker.pid)
     except BaseException:
-        stop_all(members, grace=STOP_GRACE_S)
+        stop_all(members, grace=cfg.stop_grace)
         raise
     finally:
         if listener is not None:
@@ -376,7 +382,7 @@ def _spec(cfg: JobConfig, h: RemoteHost, addr: str, port: int, attempt: int, run
         env.update(hvd[r])
         ranks.append({"rank": r, "local_size": p.local_size, "env": env})
     return {"cwd": cwd, "command": list(cfg.command), "ranks": ranks, "listen": listen,
-            "heartbeat_timeout": cfg.heartbeat_timeout}
+            "heartbeat_timeout": cfg.heartbeat_timeout, "stop_grace": agent_grace(cfg.stop_grace)}
 
 
 def _watch(members: list[Member], stop_flag: list[int],
@@ -471,12 +477,13 @@ def _run_attempts(cfg: JobConfig, run: JobRun) -> int:
             except Stopped as stop:
                 name = signal.Signals(stop.signum).name
                 say(f"received {name}; stopping {len(cfg.placements)} rank(s)")
-                # The ranks get the signal ringrun got, as under torchrun (members.Rank).
-                _stop_everything(members, mark, stop.signum)
+                # The ranks get the signal ringrun got, as under torchrun (members.Rank);
+                # another one cuts their grace short.
+                _stop_everything(cfg, members, mark, stop.signum, cut_short=lambda: len(stop_flag) > 1)
                 members = []
                 return 128 + stop.signum
             except _OutputFailed as out:
-                _stop_everything(members, mark)
+                _stop_everything(cfg, members, mark)
                 say(f"error: {out.failure.message}; stopped the job's {len(cfg.placements)} rank(s)")
                 return out.failure.exit_code
             except HostsDown as down:
@@ -494,7 +501,7 @@ def _run_attempts(cfg: JobConfig, run: JobRun) -> int:
                     return 0
                 others = sum(len(m.ranks) - len(m.exits()) for m in members if m is not failed)
                 say(_failure_text(failed, rank, code, others))
-                _stop_everything(members, mark)
+                _stop_everything(cfg, members, mark, cut_short=lambda: bool(stop_flag))
             if attempt < cfg.max_restarts:
                 say(f"restarting the job (restart {attempt + 1} of {cfg.max_restarts})")
                 continue
@@ -503,14 +510,15 @@ def _run_attempts(cfg: JobConfig, run: JobRun) -> int:
             return exit_status(code)
         return 1  # unreachable: the loop always returns
     finally:
-        _stop_everything(members, mark)
+        _stop_everything(cfg, members, mark, cut_short=lambda: bool(stop_flag))
 
 
-def _stop_everything(members: list[Member], mark: str | None, signum: int = signal.SIGTERM) -> None:
-    """Stop every member (asked with ``signum``) and what escaped their process groups on
-    this host (``setsid`` children, a shell's grandchildren): everything marked with the
-    run id ``mark``."""
-    stop_all(members, grace=STOP_GRACE_S, run_id=mark, signum=signum)
+def _stop_everything(cfg: JobConfig, members: list[Member], mark: str | None, signum: int = signal.SIGTERM,
+                     cut_short: Callable[[], bool] | None = None) -> None:
+    """Stop every member (asked with ``signum``, SIGKILL after ``--stop-grace`` or once
+    ``cut_short()``) and what escaped their process groups on this host (``setsid``
+    children, a shell's grandchildren): everything marked with the run id ``mark``."""
+    stop_all(members, grace=cfg.stop_grace, run_id=mark, signum=signum, cut_short=cut_short)
 
 
 def say(message: str) -> None:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import collections
 import os
 import signal
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from ringtrain.launch import reaper
@@ -32,16 +32,37 @@ from ringtrain.processes import Child, Stoppable, stop_sequence
 __all__ = ["Member", "Rank", "Worker", "stop_all", "stop_marked"]
 
 
-def stop_marked(members: Sequence[Stoppable], grace: float, run_id: str | None = None) -> None:
+class _CutShort:
+    """A member whose grace ends early: it counts as gone once ``cut_short()`` is true, so
+    :func:`~ringtrain.processes.stop_sequence` stops waiting and SIGKILLs it."""
+
+    def __init__(self, member: Stoppable, cut_short: Callable[[], bool]) -> None:
+        self.member, self.cut_short = member, cut_short
+
+    def alive(self) -> bool:
+        return self.member.alive() and not self.cut_short()
+
+    def request_stop(self) -> None:
+        self.member.request_stop()
+
+    def force_kill(self) -> None:
+        self.member.force_kill()
+
+
+def stop_marked(members: Sequence[Stoppable], grace: float, run_id: str | None = None,
+                cut_short: Callable[[], bool] | None = None) -> None:
     """:func:`ringtrain.processes.stop_sequence`; with ``run_id``, what the children started
     outside their process groups (a setsid daemon, a shell's grandchildren) is stopped
     too: SIGTERM once with the rest (never a second one to a group member: its handler
     may count them), SIGKILL at the end, until no process of this host carries the job's
-    mark (:func:`ringtrain.launch.reaper.end_job`)."""
+    mark (:func:`ringtrain.launch.reaper.end_job`). Once ``cut_short()`` is true (a second
+    Ctrl-C) the rest of the grace is skipped: SIGKILL at once."""
+    groups = [m.pid for m in members if isinstance(m, Child)]
+    if cut_short is not None:
+        members = [_CutShort(m, cut_short) for m in members]
     if not run_id:
         stop_sequence(members, grace)
         return
-    groups = [m.pid for m in members if isinstance(m, Child)]
     stop_sequence(members, grace,
                   after_request=lambda: reaper.signal_job(run_id, signal.SIGTERM, skip_groups=groups),
                   after_kill=lambda: reaper.end_job(run_id))
@@ -118,19 +139,20 @@ class Worker(Rank):
 
 
 def stop_all(members: Sequence[Member], grace: float = 3.0, run_id: str | None = None,
-             signum: int = signal.SIGTERM) -> None:
+             signum: int = signal.SIGTERM, cut_short: Callable[[], bool] | None = None) -> None:
     """:func:`stop_marked` for the members of a job, then their output drained.
 
     ``signum`` asks the ranks to stop (ringrun passes on the SIGINT or SIGHUP it got);
     what left their process groups gets SIGTERM, and SIGKILL follows after ``grace``.
 
     Remote hosts get end-of-input; their agent stops its workers within its own grace
-    (1.5 s) and exits, so ``grace`` must exceed it for a clean remote stop. With
-    ``run_id``, what the local ranks started outside their process groups is stopped
-    before the output is drained: such a process may hold a worker's pipe open.
+    (:func:`ringtrain.launch.agent.agent_grace` of ringrun's, sent in the spec) and exits, so ``grace``
+    must exceed it for a clean remote stop. With ``run_id``, what the local ranks started
+    outside their process groups is stopped before the output is drained: such a process
+    may hold a worker's pipe open. ``cut_short``: see :func:`stop_marked`.
     """
     for m in members:
         m.stop_signal = signum
-    stop_marked(members, grace, run_id)
+    stop_marked(members, grace, run_id, cut_short)
     for m in members:
         m.finish_output()

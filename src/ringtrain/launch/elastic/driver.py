@@ -500,7 +500,9 @@ class Driver:
             if remote is not None and all(x in self.cancelled or self.procs[x].code is not None
                                           for x in self.hosts[h].workers):
                 members.append(remote)
-        stop_all(members, grace=STOP_GRACE_S)
+        # The driver waits here while the rest of the job runs, and a worker whose world
+        # never formed has no training state to save: no longer than the default grace.
+        stop_all(members, grace=min(self.cfg.stop_grace, STOP_GRACE_S))
         for h in hosts:
             if all(self.procs[x].code is not None or x in self.cancelled for x in self.hosts[h].workers):
                 self._forget(h)
@@ -626,21 +628,31 @@ def run_elastic(cfg: JobConfig) -> int:
                                          or cfg.elastic.discovery_script is not None)
     with job_run(cfg, local) as run:
         driver = Driver(cfg, run.run_id, run.sink, run.stop_flag, run.watchdog)
+        # The workers are asked to stop with SIGTERM, or with the signal ringrun got as a
+        # fixed-size job's ranks are (job.py, members.Rank); a signal after that one (a
+        # second Ctrl-C) kills them at once.
+        signum, signals_seen = int(signal.SIGTERM), 0
+
+        def cut_short() -> bool:
+            return len(run.stop_flag) > signals_seen
         try:
             try:
                 driver.start()
                 code = driver.watch()
             except Stopped as stop:
                 say(f"received {signal.Signals(stop.signum).name}; stopping the job")
+                signum, signals_seen = stop.signum, 1
                 return 128 + stop.signum
             except HostsDown as down:
                 raise LaunchError(str(down)) from None
             if code == 0:
-                stop_all(driver.members(), grace=STOP_GRACE_S)  # never joined a formed world
+                # never joined a formed world
+                stop_all(driver.members(), grace=cfg.stop_grace, cut_short=cut_short)
                 if run.sink.failure is not None:
                     say(f"error: {run.sink.failure.message}")
                     return run.sink.failure.exit_code
             return code
         finally:
-            stop_all(driver.members(), grace=STOP_GRACE_S, run_id=run.run_id if local else None)
+            stop_all(driver.members(), grace=cfg.stop_grace, run_id=run.run_id if local else None,
+                     signum=signum, cut_short=cut_short)
             driver.close()

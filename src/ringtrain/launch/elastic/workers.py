@@ -19,7 +19,7 @@ from typing import Any
 
 from ringtrain import addresses, assignment, sockets
 from ringtrain.launch import reaper
-from ringtrain.launch.agent import worker_extras
+from ringtrain.launch.agent import agent_grace, worker_extras
 from ringtrain.launch.elastic.worlds import WorkerOnHost, placements
 from ringtrain.launch.horovod_env import horovod_env
 from ringtrain.launch.hosts import Placement
@@ -188,7 +188,8 @@ class JobWorkers:
                 items.append({"rank": w, "local_size": places[w].local_size, "env": env})
             host.remote.send_spec({"cwd": cfg.cwd or os.getcwd(), "command": list(cfg.command),
                                    "ranks": items, "listen": None,
-                                   "heartbeat_timeout": cfg.heartbeat_timeout})
+                                   "heartbeat_timeout": cfg.heartbeat_timeout,
+                                   "stop_grace": agent_grace(cfg.stop_grace)})
             return
         os.makedirs(self.dir, exist_ok=True)
         for w in ids:
