@@ -32,9 +32,26 @@ def broadcast_parameters(params: Any, root_rank: int) -> None:
         items = [p if isinstance(p, tuple) else (None, p) for p in params]
     else:
         raise ValueError(f"invalid params of type: {type(params).__name__}")
-    handles = [ops.broadcast_async_(p, root_rank, name) for name, p in items if isinstance(p, torch.Tensor)]
-    for h in handles:
-        synchronize(h)
+    tensors = [(name, p) for name, p in items if isinstance(p, torch.Tensor)]
+    handles = []
+    for i, (name, p) in enumerate(tensors):
+        try:
+            handles.append(ops.broadcast_async_(p, root_rank, name))
+        except Exception as exc:
+            # broadcast_async_ refused this one to the other ranks; the rest were left
+            # pending there for ever (and their names taken): refuse them too.
+            text = f"broadcast_parameters on rank {rank()}: {type(exc).__name__}: {exc}"
+            for rest_name, rest in tensors[i + 1:]:
+                ops.refuse("broadcast", rest, rest_name, global_process_set, text)
+            raise
+    failed: Exception | None = None
+    for h in handles:  # every one, so that none is left pending after an error
+        try:
+            synchronize(h)
+        except Exception as exc:  # noqa: BLE001 - the first is raised below
+            failed = failed or exc
+    if failed is not None:
+        raise failed
 
 
 def _dumps(obj: Any) -> bytes:

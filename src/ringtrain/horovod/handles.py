@@ -95,11 +95,13 @@ def check_tensor(kind: str, tensor: Any) -> None:
 
 
 def meta_for(kind: str, tensor: torch.Tensor, name: str | None, process_set: ProcessSet | None,
-             **fields: Any) -> Meta:
+             *, named: str | None = None, **fields: Any) -> Meta:
+    """``tensor``'s request; ``named``: its full name, already reserved with
+    :func:`unique_name` (else ``name`` is made one here)."""
     check_tensor(kind, tensor)
     sid = set_id(process_set)
-    return Meta(unique_name(kind, name, sid), kind, sid, _dtype_name(tensor), tuple(tensor.shape),
-                device=tensor.device.type, **fields)
+    full = named if named is not None else unique_name(kind, name, sid)
+    return Meta(full, kind, sid, _dtype_name(tensor), tuple(tensor.shape), device=tensor.device.type, **fields)
 
 
 def submit(meta: Meta, request: Request | None, post: Callable[[Any], Any] = lambda r: r) -> int:
@@ -119,9 +121,16 @@ def submit_many(metas: Sequence[Meta], requests: Sequence[Request | None],
 
 
 def poll(handle: int) -> bool:
-    """Whether the operation has finished (``synchronize`` then returns at once)."""
-    if handle not in _handles:
+    """Whether the operation has finished (``synchronize`` then returns at once).
+
+    A handle that was never returned, or that ``synchronize`` already cleared, is a
+    ValueError, as Horovod's (its handle manager's ``std::invalid_argument``): it said
+    True here, so a loop ``while not hvd.poll(h)`` over a stale handle went on as if
+    its operation had finished."""
+    if callable(handle):  # sparse_allreduce_async's result: synchronize calls it
         return True
+    if handle not in _handles:
+        raise ValueError(f"Handle {handle} was not created or has been cleared.")
     return all(h.done() for h in _handles[handle][0])
 
 

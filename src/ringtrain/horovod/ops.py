@@ -1,15 +1,18 @@
 """``horovod.torch``'s asynchronous collectives: ``*_async`` and ``*_async_`` variants.
 
-Every call checks what this rank can check alone (Horovod's ValueErrors), describes the
-operation and submits it; the coordinator matches it across ranks by name. The
-synchronous, differentiable forms are in :mod:`ringtrain.horovod.autograd`.
+Every call names its operation, checks what this rank can check alone (Horovod's
+ValueErrors), describes the operation and submits it; the coordinator matches it across
+ranks by name. A check that fails submits the operation refused (:func:`_checks`), so
+the other members get this rank's error instead of waiting for it. The synchronous,
+differentiable forms are in :mod:`ringtrain.horovod.autograd`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Iterator, Sequence
 from dataclasses import replace
-from typing import Any, NoReturn
+from typing import Any
 
 import torch
 
@@ -69,13 +72,26 @@ def _overlapping(tensor: torch.Tensor) -> bool:
     return any(st == 0 and n > 1 for st, n in zip(tensor.stride(), tensor.shape, strict=True))
 
 
-def _refuse(metas: Sequence[Meta], text: str) -> NoReturn:
-    """Refuse an operation this rank cannot take part in, so that every member gets the
-    same error instead of waiting for it: the operation is still submitted, marked
-    refused, and the coordinator gives every member ``text``."""
-    for meta in metas:
-        engine().submit(replace(meta, refused=text), None)
-    raise ValueError(text)
+@contextlib.contextmanager
+def _checks(kind: str, names: Sequence[str], sid: int) -> Iterator[None]:
+    """This rank's own checks of a call that submits ``names`` (reserved before them).
+
+    A check that fails on one rank only raised there before anything was submitted: the
+    other members waited for the operation for ever (Horovod's default has no stall
+    limit), and the numbering of later unnamed operations shifted on this rank. Now the
+    operations are submitted refused, so every member gets this rank's error (a
+    NegotiationError naming the rank) and the names stay in step; this rank raises its
+    own error, of Horovod's type."""
+    try:
+        yield
+    except Exception as exc:
+        where = f"{kind} {names[0]!r} on rank {engine().rank}" if names else kind
+        text = str(exc) if str(exc).startswith(where) else f"{where}: {type(exc).__name__}: {exc}"
+        for n in names:
+            # Not a member, or after join(): there is no one to tell, this rank's error stands.
+            with contextlib.suppress(Exception):
+                engine().submit(Meta(n, kind, sid, refused=text), None)
+        raise
 
 
 def refuse(kind: str, tensor: torch.Tensor, name: str | None, process_set: ProcessSet, text: str,
@@ -87,8 +103,8 @@ def refuse(kind: str, tensor: torch.Tensor, name: str | None, process_set: Proce
     engine().submit(replace(meta, refused=text), None)
 
 
-def _refuse_unusable(metas: Sequence[Meta], tensors: Sequence[torch.Tensor], in_place: bool) -> None:
-    """Tensors a collective cannot take, refused at the call on every member.
+def _check_usable(metas: Sequence[Meta], tensors: Sequence[torch.Tensor], in_place: bool) -> None:
+    """Tensors a collective cannot take, refused at the call on every member (:func:`_checks`).
 
     A sparse (or other non-strided) tensor: Horovod refuses it with a ValueError (its
     collectives take dense tensors only). Here it failed inside the coordinator, after
@@ -104,39 +120,53 @@ def _refuse_unusable(metas: Sequence[Meta], tensors: Sequence[torch.Tensor], in_
     if sparse is not None:
         hint = ("pass tensor.to_dense(), or hvd.sparse_allreduce_async(tensor, name, op) for a sparse "
                 "gradient" if kind == "allreduce" else "pass tensor.to_dense()")
-        _refuse(metas, f"{where}: a tensor with layout {sparse.layout} is not supported (collectives "
+        raise ValueError(f"{where}: a tensor with layout {sparse.layout} is not supported (collectives "
                        f"take dense tensors, as Horovod's); {hint}")
     bad = next((t for t in tensors if _overlapping(t)), None) if in_place else None
     if bad is not None:
-        _refuse(metas, f"{kind} {metas[0].name!r} in place on rank {engine().rank}: elements of the "
+        raise ValueError(f"{where}: in place, elements of the "
                        f"tensor (shape {tuple(bad.shape)}, strides {bad.stride()}) share memory, as after "
                        "expand(), so the result cannot be written into it; pass tensor.clone() or use "
                        f"the out-of-place hvd.{kind}()")
 
 
-def _allreduce_meta(tensor: torch.Tensor, name: str | None, op: int, prescale_factor: float,
+def _reserve(kind: str, name: str | None, process_set: ProcessSet) -> tuple[str, int]:
+    """The call's full name and process set id, before any check (see :func:`_checks`)."""
+    sid = set_id(process_set)
+    return unique_name(kind, name, sid), sid
+
+
+def _numbered(base: str, tensors: Sequence[Any]) -> list[str]:
+    return [f"{base}.{i}" for i in range(len(tensors))]
+
+
+def _allreduce_meta(tensor: torch.Tensor, full: str, op: int, prescale_factor: float,
                     postscale_factor: float, process_set: ProcessSet) -> Meta:
+    check_tensor("allreduce", tensor)
     pre, post = _check_factors(prescale_factor, postscale_factor)
     _check_bool("allreduce", tensor, op, pre, post)
     if op == Adasum and not tensor.is_floating_point():
         raise ValueError(f"Adasum needs a floating-point tensor, got {tensor.dtype}")
-    if op in (Min, Max, Product) and isinstance(tensor, torch.Tensor) and tensor.is_complex():
+    if op in (Min, Max, Product) and tensor.is_complex():
         # Complex numbers have no order, and the backends (Gloo, NCCL) have no complex
         # product: it failed in the coordinator on every rank, after the negotiation, as a
         # recoverable HorovodInternalError (what hvd.elastic takes for a lost rank).
         raise ValueError(f"allreduce of a {tensor.dtype} tensor with op=hvd.{op_name(op).capitalize()} "
                          "is not supported (complex numbers have no order, and the backends no "
                          "complex product); reduce torch.view_as_real(tensor) or use op=hvd.Sum")
-    return meta_for("allreduce", tensor, name, process_set, op=op_name(op), prescale=pre, postscale=post)
+    return meta_for("allreduce", tensor, None, process_set, named=full, op=op_name(op), prescale=pre,
+                    postscale=post)
 
 
 def allreduce_async_(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,
                      op: int | None = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                      process_set: ProcessSet = global_process_set) -> int:
     """Reduce ``tensor`` in place across the process set; returns a handle."""
-    op = handle_average_backwards_compatibility(op, average)
-    meta = _allreduce_meta(tensor, name, op, prescale_factor, postscale_factor, process_set)
-    _refuse_unusable([meta], [tensor], in_place=True)
+    full, sid = _reserve("allreduce", name, process_set)
+    with _checks("allreduce", [full], sid):
+        op = handle_average_backwards_compatibility(op, average)
+        meta = _allreduce_meta(tensor, full, op, prescale_factor, postscale_factor, process_set)
+        _check_usable([meta], [tensor], in_place=True)
     return submit(meta, Request(meta, tensor, output=tensor))
 
 
@@ -144,46 +174,52 @@ def allreduce_async(tensor: torch.Tensor, average: bool | None = None, name: str
                     op: int | None = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                     process_set: ProcessSet = global_process_set) -> int:
     """Reduce a copy of ``tensor`` across the process set; returns a handle."""
-    op = handle_average_backwards_compatibility(op, average)
-    meta = _allreduce_meta(tensor, name, op, prescale_factor, postscale_factor, process_set)
-    _refuse_unusable([meta], [tensor], in_place=False)
+    full, sid = _reserve("allreduce", name, process_set)
+    with _checks("allreduce", [full], sid):
+        op = handle_average_backwards_compatibility(op, average)
+        meta = _allreduce_meta(tensor, full, op, prescale_factor, postscale_factor, process_set)
+        _check_usable([meta], [tensor], in_place=False)
     return submit(meta, Request(meta, tensor))
 
 
-def _grouped(tensors: Sequence[torch.Tensor], name: str | None, op: int, prescale_factor: float,
-             postscale_factor: float, process_set: ProcessSet, in_place: bool) -> int:
-    tensors = list(tensors)
+def _grouped_metas(tensors: list[torch.Tensor], base: str, op: int, prescale_factor: float,
+                   postscale_factor: float, process_set: ProcessSet, in_place: bool) -> list[Meta]:
     if not tensors:
         raise ValueError("grouped_allreduce needs at least one tensor")
+    for t in tensors:
+        check_tensor("grouped_allreduce", t)
     devices = {t.device.type for t in tensors}
     if len(devices) > 1:
         raise HorovodUsageError("grouped_allreduce tensors must all be on the CPU or all on GPUs, "
                                 f"got {sorted(devices)}")
-    base = unique_name("grouped_allreduce", name, set_id(process_set))
-    metas, reqs = [], []
-    for i, t in enumerate(tensors):
-        meta = replace(_allreduce_meta(t, None, op, prescale_factor, postscale_factor, process_set),
-                       name=f"{base}.{i}")
-        metas.append(meta)
-        reqs.append(Request(meta, t, output=t if in_place else None))
-    _refuse_unusable(metas, tensors, in_place)
-    return submit_many(metas, reqs)
+    metas = [_allreduce_meta(t, n, op, prescale_factor, postscale_factor, process_set)
+             for t, n in zip(tensors, _numbered(base, tensors), strict=True)]
+    _check_usable(metas, tensors, in_place)
+    return metas
 
 
 def grouped_allreduce_async(tensors: Sequence[torch.Tensor], average: bool | None = None,
                             name: str | None = None, op: int | None = None,
                             prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                             process_set: ProcessSet = global_process_set) -> int:
-    op = handle_average_backwards_compatibility(op, average)
-    return _grouped(tensors, name, op, prescale_factor, postscale_factor, process_set, False)
+    tensors = list(tensors)
+    base, sid = _reserve("grouped_allreduce", name, process_set)
+    with _checks("allreduce", _numbered(base, tensors), sid):
+        op = handle_average_backwards_compatibility(op, average)
+        metas = _grouped_metas(tensors, base, op, prescale_factor, postscale_factor, process_set, False)
+    return submit_many(metas, [Request(m, t) for m, t in zip(metas, tensors, strict=True)])
 
 
 def grouped_allreduce_async_(tensors: Sequence[torch.Tensor], average: bool | None = None,
                              name: str | None = None, op: int | None = None,
                              prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                              process_set: ProcessSet = global_process_set) -> int:
-    op = handle_average_backwards_compatibility(op, average)
-    return _grouped(tensors, name, op, prescale_factor, postscale_factor, process_set, True)
+    tensors = list(tensors)
+    base, sid = _reserve("grouped_allreduce", name, process_set)
+    with _checks("allreduce", _numbered(base, tensors), sid):
+        op = handle_average_backwards_compatibility(op, average)
+        metas = _grouped_metas(tensors, base, op, prescale_factor, postscale_factor, process_set, True)
+    return submit_many(metas, [Request(m, t, output=t) for m, t in zip(metas, tensors, strict=True)])
 
 
 def sparse_allreduce_async(tensor: torch.Tensor, name: str, op: int,
@@ -191,8 +227,10 @@ def sparse_allreduce_async(tensor: torch.Tensor, name: str, op: int,
     """Allreduce of a sparse tensor as Horovod does it: gather every rank's indices and
     values; the callable it returns (pass it to ``synchronize`` or call it) gives the
     summed (or averaged) sparse tensor."""
-    t = tensor.coalesce() if not tensor.is_coalesced() else tensor
-    indices = allgather_async(t.indices().t().contiguous(), name=f"{name}.indices", process_set=process_set)
+    with _checks("allgather", [f"allgather.{name}.indices", f"allgather.{name}.values"], set_id(process_set)):
+        t = tensor.coalesce() if not tensor.is_coalesced() else tensor
+        rows = t.indices().t().contiguous()
+    indices = allgather_async(rows, name=f"{name}.indices", process_set=process_set)
     values = allgather_async(t.values(), name=f"{name}.values", process_set=process_set)
     n = process_set.size()
 
@@ -209,75 +247,86 @@ def sparse_allreduce_async(tensor: torch.Tensor, name: str, op: int,
 def allgather_async(tensor: torch.Tensor, name: str | None = None,
                     process_set: ProcessSet = global_process_set) -> int:
     """Concatenate every member's tensor along dim 0 (first dimensions may differ)."""
-    meta = meta_for("allgather", tensor, name, process_set)
-    _refuse_unusable([meta], [tensor], in_place=False)
+    full, sid = _reserve("allgather", name, process_set)
+    with _checks("allgather", [full], sid):
+        meta = meta_for("allgather", tensor, None, process_set, named=full)
+        _check_usable([meta], [tensor], in_place=False)
     return submit(meta, Request(meta, tensor))
 
 
 def grouped_allgather_async(tensors: Sequence[torch.Tensor], name: str | None = None,
                             process_set: ProcessSet = global_process_set) -> int:
     tensors = list(tensors)  # a generator is read once
-    for t in tensors:
-        check_tensor("grouped_allgather", t)
-    base = unique_name("grouped_allgather", name, set_id(process_set))
-    metas, reqs = [], []
-    for i, t in enumerate(tensors):
-        meta = replace(meta_for("allgather", t, None, process_set), name=f"{base}.{i}")
-        metas.append(meta)
-        reqs.append(Request(meta, t))
-    if metas:
-        _refuse_unusable(metas, tensors, in_place=False)
-    return submit_many(metas, reqs)
+    base, sid = _reserve("grouped_allgather", name, process_set)
+    names = _numbered(base, tensors)
+    with _checks("allgather", names, sid):
+        for t in tensors:
+            check_tensor("grouped_allgather", t)
+        metas = [meta_for("allgather", t, None, process_set, named=n) for t, n in zip(tensors, names, strict=True)]
+        if metas:
+            _check_usable(metas, tensors, in_place=False)
+    return submit_many(metas, [Request(m, t) for m, t in zip(metas, tensors, strict=True)])
 
 
-def _root_meta(tensor: torch.Tensor, root_rank: int, name: str | None, process_set: ProcessSet) -> Meta:
+def _root_meta(tensor: torch.Tensor, root_rank: int, full: str, process_set: ProcessSet) -> Meta:
     if isinstance(root_rank, bool) or not isinstance(root_rank, int):
         raise ValueError(f"root_rank must be an int, got {root_rank!r}")
-    return meta_for("broadcast", tensor, name, process_set, root=root_rank)
+    return meta_for("broadcast", tensor, None, process_set, named=full, root=root_rank)
 
 
 def broadcast_async(tensor: torch.Tensor, root_rank: int, name: str | None = None,
                     process_set: ProcessSet = global_process_set) -> int:
-    meta = _root_meta(tensor, root_rank, name, process_set)
-    _refuse_unusable([meta], [tensor], in_place=False)
+    full, sid = _reserve("broadcast", name, process_set)
+    with _checks("broadcast", [full], sid):
+        meta = _root_meta(tensor, root_rank, full, process_set)
+        _check_usable([meta], [tensor], in_place=False)
     return submit(meta, Request(meta, tensor))
 
 
 def broadcast_async_(tensor: torch.Tensor, root_rank: int, name: str | None = None,
                      process_set: ProcessSet = global_process_set) -> int:
-    meta = _root_meta(tensor, root_rank, name, process_set)
-    _refuse_unusable([meta], [tensor], in_place=True)
+    full, sid = _reserve("broadcast", name, process_set)
+    with _checks("broadcast", [full], sid):
+        meta = _root_meta(tensor, root_rank, full, process_set)
+        _check_usable([meta], [tensor], in_place=True)
     return submit(meta, Request(meta, tensor, output=tensor))
 
 
-def alltoall_async(tensor: torch.Tensor, splits: Any = None, name: str | None = None,
-                   process_set: ProcessSet = global_process_set) -> int:
-    """Send ``splits[i]`` rows to member i; the handle gives ``(output, received_splits)``."""
+def _send_splits(tensor: torch.Tensor, splits: Any, n: int) -> tuple[list[int], torch.Tensor | None]:
+    """Rows sent to each of the ``n`` members, and the splits tensor to shape the received
+    counts like (None: a list, or no splits)."""
     check_tensor("alltoall", tensor)
-    n = process_set.size()
     rows = tensor.shape[0] if tensor.dim() else 1
     if splits is None:
         if rows % n:
             raise ValueError(f"alltoall without splits needs the first dimension ({rows}) to be a "
                              f"multiple of the process set size ({n}); pass splits=")
-        send = [rows // n] * n
-        like: torch.Tensor | None = None
+        return [rows // n] * n, None
+    like: torch.Tensor | None = None
+    if isinstance(splits, torch.Tensor):
+        if splits.dtype != torch.int32:
+            raise ValueError(f"alltoall splits must be a tensor of int32, got {splits.dtype}")
+        like = splits
+        send = [int(s) for s in splits.cpu().tolist()]
     else:
-        if isinstance(splits, torch.Tensor):
-            if splits.dtype != torch.int32:
-                raise ValueError(f"alltoall splits must be a tensor of int32, got {splits.dtype}")
-            like = splits
-            send = [int(s) for s in splits.cpu().tolist()]
-        else:
-            like = None
-            send = [int(s) for s in splits]
-        if len(send) != n or any(s < 0 for s in send):
-            raise ValueError(f"alltoall splits {send} must be {n} non-negative counts")
-        if sum(send) > rows:
-            raise ValueError(f"alltoall splits {send} sum to {sum(send)}, more than the first "
-                             f"dimension {rows} of the tensor")
-    meta = meta_for("alltoall", tensor, name, process_set, splits=tuple(send))
-    _refuse_unusable([meta], [tensor], in_place=False)
+        send = [int(s) for s in splits]
+    if len(send) != n or any(s < 0 for s in send):
+        raise ValueError(f"alltoall splits {send} must be {n} non-negative counts")
+    if sum(send) > rows:
+        raise ValueError(f"alltoall splits {send} sum to {sum(send)}, more than the first "
+                         f"dimension {rows} of the tensor")
+    return send, like
+
+
+def alltoall_async(tensor: torch.Tensor, splits: Any = None, name: str | None = None,
+                   process_set: ProcessSet = global_process_set) -> int:
+    """Send ``splits[i]`` rows to member i; the handle gives ``(output, received_splits)``."""
+    full, sid = _reserve("alltoall", name, process_set)
+    with _checks("alltoall", [full], sid):
+        send, like = _send_splits(tensor, splits, process_set.size())
+        meta = meta_for("alltoall", tensor, None, process_set, named=full, splits=tuple(send))
+        _check_usable([meta], [tensor], in_place=False)
+    rows = tensor.shape[0] if tensor.dim() else 1
     data = tensor if sum(send) == rows else tensor[: sum(send)]
 
     def post(result: tuple[torch.Tensor, list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -290,23 +339,26 @@ def alltoall_async(tensor: torch.Tensor, splits: Any = None, name: str | None = 
     return submit(meta, Request(meta, data), post)
 
 
-def _reducescatter_meta(tensor: torch.Tensor, name: str | None, op: int, process_set: ProcessSet,
-                        prescale_factor: float, postscale_factor: float, base: str | None = None) -> Meta:
+def _reducescatter_meta(tensor: torch.Tensor, full: str, op: int, process_set: ProcessSet,
+                        prescale_factor: float, postscale_factor: float) -> Meta:
+    check_tensor("reducescatter", tensor)
     if op not in (Average, Sum):
         raise HorovodUsageError(f"reducescatter supports op=hvd.Average or hvd.Sum, not hvd.{op_name(op).capitalize()}")
     if tensor.dim() == 0:
         raise HorovodUsageError("reducescatter splits the first dimension; a scalar has none")
     pre, post = _check_factors(prescale_factor, postscale_factor)
     _check_bool("reducescatter", tensor, op, pre, post)
-    meta = meta_for("reducescatter", tensor, name, process_set, op=op_name(op), prescale=pre, postscale=post)
-    return meta if base is None else replace(meta, name=base)
+    return meta_for("reducescatter", tensor, None, process_set, named=full, op=op_name(op), prescale=pre,
+                    postscale=post)
 
 
 def reducescatter_async(tensor: torch.Tensor, name: str | None = None, op: int = Average,
                         process_set: ProcessSet = global_process_set, prescale_factor: float = 1.0,
                         postscale_factor: float = 1.0) -> int:
-    meta = _reducescatter_meta(tensor, name, op, process_set, prescale_factor, postscale_factor)
-    _refuse_unusable([meta], [tensor], in_place=False)
+    full, sid = _reserve("reducescatter", name, process_set)
+    with _checks("reducescatter", [full], sid):
+        meta = _reducescatter_meta(tensor, full, op, process_set, prescale_factor, postscale_factor)
+        _check_usable([meta], [tensor], in_place=False)
     return submit(meta, Request(meta, tensor))
 
 
@@ -314,11 +366,13 @@ def grouped_reducescatter_async(tensors: Sequence[torch.Tensor], name: str | Non
                                 op: int = Average, process_set: ProcessSet = global_process_set,
                                 prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> int:
     tensors = list(tensors)  # read twice below: a generator would be empty the second time
-    base = unique_name("grouped_reducescatter", name, set_id(process_set))
-    metas = [_reducescatter_meta(t, None, op, process_set, prescale_factor, postscale_factor, f"{base}.{i}")
-             for i, t in enumerate(tensors)]
-    if metas:
-        _refuse_unusable(metas, tensors, in_place=False)
+    base, sid = _reserve("grouped_reducescatter", name, process_set)
+    names = _numbered(base, tensors)
+    with _checks("reducescatter", names, sid):
+        metas = [_reducescatter_meta(t, n, op, process_set, prescale_factor, postscale_factor)
+                 for t, n in zip(tensors, names, strict=True)]
+        if metas:
+            _check_usable(metas, tensors, in_place=False)
     return submit_many(metas, [Request(m, t) for m, t in zip(metas, tensors, strict=True)])
 
 
