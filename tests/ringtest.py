@@ -27,7 +27,7 @@ import traceback
 from collections.abc import Callable, Sequence
 from typing import Any
 
-__all__ = ["World", "WorldFailed", "error_of", "free_port", "run_scenarios", "run_world", "scenario_results",
+__all__ = ["World", "WorldFailed", "error_of", "free_port", "hvd_scenarios", "run_scenarios", "run_world", "scenario_results",
            "start_world"]
 
 
@@ -172,13 +172,27 @@ def run_scenarios(scenarios: Sequence[tuple[str, Callable[[], Any]]]) -> dict[st
     return out
 
 
-def scenario_results(world: list[dict[str, Any]], label: str) -> list[Any]:
+def scenario_results(world: list[dict[str, Any]], label: str, after: Any = None) -> list[Any]:
     """Every rank's result of scenario ``label`` (see :func:`run_scenarios`); fails with the
-    first rank's error text if one raised."""
+    first rank's error text if one raised. ``after``: what each result's ``"after"`` entry
+    must be (a collective run after the scenario: the ranks are still in step)."""
     outs = [o[label] for o in world]
     for rank, o in enumerate(outs):
         assert not isinstance(o, str), f"rank {rank}: {o}"
+        if after is not None:
+            assert o["after"] == after, (rank, o)
     return outs
+
+
+def hvd_scenarios(scenarios: Callable[[Any], Sequence[tuple[str, Callable[[], Any]]]]) -> dict[str, Any]:
+    """In a rank: ``ringtrain.horovod`` started, ``scenarios(hvd)`` run (see
+    :func:`run_scenarios`), and shut down."""
+    import ringtrain.horovod as hvd
+
+    hvd.init()
+    out = run_scenarios(scenarios(hvd))
+    hvd.shutdown()
+    return out
 
 
 def error_of(call: Callable[[], Any]) -> tuple[str, str] | None:

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 import torch
-from ringtest import error_of, run_scenarios, run_world, scenario_results
+from ringtest import error_of, hvd_scenarios, run_world, scenario_results
 
 #: Short enough that a scenario which stalls (as they did before their fixes) fails the
 #: world quickly, long enough for a loaded 2-core machine.
@@ -56,14 +56,13 @@ def _poll(hvd: Any) -> dict[str, Any]:
             "again": hvd.synchronize(h), "after": _in_step(hvd)}
 
 
-def _world() -> dict[str, Any]:
-    import ringtrain.horovod as hvd
+def _scenarios(hvd: Any) -> list[tuple[str, Any]]:
+    return ([("poll", lambda: _poll(hvd))]
+            + [(label, lambda label=label: _refusal(hvd, label)) for label in _CALLS])
 
-    hvd.init()
-    out = run_scenarios([("poll", lambda: _poll(hvd))]
-                        + [(label, lambda label=label: _refusal(hvd, label)) for label in _CALLS])
-    hvd.shutdown()
-    return out
+
+def _world() -> dict[str, Any]:
+    return hvd_scenarios(_scenarios)
 
 
 @pytest.fixture(scope="module")
@@ -72,10 +71,7 @@ def world() -> list[dict[str, Any]]:
 
 
 def _scenario(world: list[dict[str, Any]], label: str) -> list[Any]:
-    outs = scenario_results(world, label)
-    for rank, o in enumerate(outs):
-        assert o["after"] == [1.0, 2.0], (rank, o)
-    return outs
+    return scenario_results(world, label, after=[1.0, 2.0])
 
 
 @pytest.mark.timeout(120)
