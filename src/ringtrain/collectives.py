@@ -23,6 +23,7 @@ from ringtrain.errors import CollectiveError, ConfigError, NotInitializedError, 
 
 __all__ = [
     "AllreduceAlgorithm",
+    "has_internal_overlap",
     "Average",
     "Handle",
     "Max",
@@ -220,12 +221,21 @@ def _reduce_problem(kind: str, tensor: torch.Tensor, op: ReduceOp, name: str | N
     return None
 
 
+def has_internal_overlap(tensor: torch.Tensor) -> bool:
+    """Whether elements of ``tensor`` share memory (an ``expand()``-ed view, stride 0):
+    an in-place result cannot be written into it."""
+    if tensor.layout != torch.strided:
+        return False
+    check = getattr(torch, "_debug_has_internal_overlap", None)
+    if check is not None:
+        return int(check(tensor)) == 1  # 2 is "too hard to tell": copy_ accepts those
+    return any(st == 0 and n > 1 for st, n in zip(tensor.stride(), tensor.shape, strict=True))
+
+
 def _overlap_problem(kind: str, tensor: torch.Tensor, name: str | None) -> str | None:
     """An in-place result cannot be written where elements share memory (``expand()``):
     torch refused the copy back after the exchange, on every rank, with a traceback."""
-    check = getattr(torch, "_debug_has_internal_overlap", None)
-    overlapping = check(tensor) == 1 if check is not None else 0 in tensor.stride()
-    if overlapping and tensor.numel() > 1:
+    if has_internal_overlap(tensor):
         return (f"{kind} of {_describe(name, tensor)} writes its result in place, but elements of "
                 f"the tensor (shape {tuple(tensor.shape)}, strides {tensor.stride()}) share memory, "
                 "as after expand(); pass tensor.clone(), or use the out-of-place form")

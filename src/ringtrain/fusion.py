@@ -195,9 +195,7 @@ def _held_elsewhere(flat: torch.Tensor, grads: Sequence[torch.Tensor | None]) ->
     that is a view of it (accumulated in place), one for the temporary storage object
     this check makes. Without torch's counter, a buffer is replaced whenever a gradient
     is not already its view (correct, one allocation per bucket and step)."""
-    lo = flat.data_ptr()
-    hi = lo + flat.numel() * flat.element_size()
-    mine = sum(1 for g in grads if g is not None and not g.is_sparse and lo <= g.data_ptr() < hi)
+    mine = _views(flat, grads)
     storage = flat.untyped_storage()
     counter = getattr(torch._C, "_storage_Use_Count", None)
     if counter is None:
@@ -205,10 +203,11 @@ def _held_elsewhere(flat: torch.Tensor, grads: Sequence[torch.Tensor | None]) ->
     return int(counter(storage._cdata)) > 2 + mine
 
 
-def _views_into(flat: torch.Tensor, grads: Sequence[torch.Tensor | None]) -> bool:
+def _views(flat: torch.Tensor, grads: Sequence[torch.Tensor | None]) -> int:
+    """How many of ``grads`` lie in ``flat``'s memory (views of it)."""
     lo = flat.data_ptr()
     hi = lo + flat.numel() * flat.element_size()
-    return any(g is not None and not g.is_sparse and lo <= g.data_ptr() < hi for g in grads)
+    return sum(1 for g in grads if g is not None and not g.is_sparse and lo <= g.data_ptr() < hi)
 
 
 def _is_view_of(grad: torch.Tensor, view: torch.Tensor) -> bool:
@@ -304,7 +303,7 @@ class FusedExchange:
         bucket's spare and the exchange takes the other one.
         """
         pre = self.scaling_for(bucket).pre
-        if keep_grads and bucket.grad_views and _views_into(bucket.flat, grads):
+        if keep_grads and bucket.grad_views and _views(bucket.flat, grads):
             spare = bucket.spare if bucket.spare is not None else torch.empty_like(bucket.flat)
             bucket.flat, bucket.spare = spare, bucket.flat
         if bucket.grad_views and _held_elsewhere(bucket.flat, grads):

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from ringtrain.collectives import has_internal_overlap
 from ringtrain.horovod._coordinator import Meta, ProcessSet, Request
 from ringtrain.horovod.basics import engine, global_process_set
 from ringtrain.horovod.handles import (
@@ -60,16 +61,6 @@ def _check_bool(kind: str, tensor: torch.Tensor, op: int, pre: float, post: floa
                          f"prescale_factor={pre:g}, postscale_factor={post:g} truncates the result "
                          "back to bool; cast it first (tensor.int() or .float()), or use op=hvd.Max "
                          "(any rank True) or op=hvd.Min (every rank True)")
-
-
-def _overlapping(tensor: torch.Tensor) -> bool:
-    """Whether elements of ``tensor`` share memory (an ``expand()``-ed view, stride 0)."""
-    if tensor.layout != torch.strided:
-        return False
-    check = getattr(torch, "_debug_has_internal_overlap", None)
-    if check is not None:
-        return int(check(tensor)) == 1  # 2 is "too hard to tell": copy_ accepts those
-    return any(st == 0 and n > 1 for st, n in zip(tensor.stride(), tensor.shape, strict=True))
 
 
 @contextlib.contextmanager
@@ -122,7 +113,7 @@ def _check_usable(metas: Sequence[Meta], tensors: Sequence[torch.Tensor], in_pla
                 "gradient" if kind == "allreduce" else "pass tensor.to_dense()")
         raise ValueError(f"{where}: a tensor with layout {sparse.layout} is not supported (collectives "
                        f"take dense tensors, as Horovod's); {hint}")
-    bad = next((t for t in tensors if _overlapping(t)), None) if in_place else None
+    bad = next((t for t in tensors if has_internal_overlap(t)), None) if in_place else None
     if bad is not None:
         raise ValueError(f"{where}: in place, elements of the "
                        f"tensor (shape {tuple(bad.shape)}, strides {bad.stride()}) share memory, as after "
