@@ -24,9 +24,9 @@ from ringtrain.errors import DataError
 
 __all__ = ["ImageFolder", "IMAGE_EXTENSIONS"]
 
-#: torchvision's ``IMG_EXTENSIONS`` (``.ppm`` and ``.pgm`` included) plus ``.gif``.
-IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp",
-                    ".gif")
+#: torchvision's ``IMG_EXTENSIONS``: the same list, so a folder gives the same samples
+#: (GIFs are not in it; pass ``extensions=IMAGE_EXTENSIONS + (".gif",)`` to include them).
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 
 
 def _list_images(root: bytes, classes: list[bytes], exts: tuple[bytes, ...]
@@ -106,6 +106,14 @@ class ImageFolder:
         if not names:
             raise DataError(f"no image files ({', '.join(exts)}) under {self.root}'s class "
                             "folders")
+        # torchvision refuses a class folder with no images too: the class would keep its
+        # index but never be seen, which a model sized by len(classes) cannot tell.
+        empty = [c for c, n in zip(self.classes, counts, strict=True) if n == 0]
+        if empty:
+            listed = ", ".join(empty[:5]) + (f" and {len(empty) - 5} more" if len(empty) > 5 else "")
+            raise DataError(f"class folder(s) {listed} under {self.root} hold no image files "
+                            f"({', '.join(exts)}); remove them or pass extensions= that "
+                            "match their files")
         self._blob = b"".join(names)  # one object: its pages are shared, never written
         self._ends = np.cumsum(np.fromiter(map(len, names), dtype=np.int64, count=len(names)))
         self._starts = np.concatenate([[0], self._ends[:-1]])

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from ringtrain.data import ImageFolder, RecordDataset, RecordWriter, TarShards, decode_image
+from ringtrain.data.imagefolder import IMAGE_EXTENSIONS
 from ringtrain.errors import DataError
 
 
@@ -131,3 +132,19 @@ def test_image_folder_order_and_extensions_match_torchvision(tmp_path: Path) -> 
             want += [os.path.join(root, n) for n in sorted(names)]
     assert [str(ds.path(i)) for i in range(len(ds))] == want
     assert [ds[i][1] for i in range(len(ds))] == [0] * 7 + [1]
+
+
+def test_image_folder_lists_what_torchvision_lists(tmp_path: Path) -> None:
+    for rel in ["cat/1.jpg", "cat/2.gif", "dog/3.png"]:
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_bytes(b"x")
+    # torchvision's IMG_EXTENSIONS has no .gif: the same folder gives 2 samples there
+    assert [ds_path.name for ds_path in map(ImageFolder(tmp_path, decode=False).path, range(2))] \
+        == ["1.jpg", "3.png"]
+    assert len(ImageFolder(tmp_path, decode=False)) == 2
+    assert len(ImageFolder(tmp_path, decode=False, extensions=(*IMAGE_EXTENSIONS, ".gif"))) == 3
+    # a class with nothing to read is refused, as torchvision's make_dataset does
+    (tmp_path / "emu").mkdir()
+    (tmp_path / "emu" / "4.gif").write_bytes(b"x")
+    with pytest.raises(DataError, match="emu under .* hold no image files"):
+        ImageFolder(tmp_path, decode=False)
