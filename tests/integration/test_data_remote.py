@@ -128,8 +128,30 @@ def test_other_schemes_go_through_fsspec(tmp_path: Path) -> None:
                    cache=cache)
     assert ds.shard_sizes == (7, 5) and [ds[i][1] for i in range(12)] == list(range(12))
     assert cache.downloads == 2  # then read from the cache
+    fs.pipe("/bucket/shard-001.tar", Path(write_tar_shards(tmp_path / "new", [3])[0]).read_bytes())
+    fresh = ShardCache(tmp_path / "cache", max_bytes=1 << 20, backoff_s=0.01)
+    ds = TarShards("memory://bucket/shard-{000..001}.tar", transform=decode_sample, cache=fresh)
+    assert ds.shard_sizes == (7, 3) and fresh.downloads == 1  # the rewritten one alone
     with pytest.raises(DataError, match=r"could not download shard memory://bucket/nope\.tar"):
         TarShards(["memory://bucket/nope.tar"], cache=cache)
+
+
+@pytest.mark.timeout(60)
+def test_a_shard_rewritten_at_its_source_is_downloaded_again(served: Any, tmp_path: Path) -> None:
+    urls, cache = served()
+    assert int(TarShards(urls[:1], transform=decode_sample, cache=cache)[0][1]) == 0
+    # the same URL now serves other samples (the default cache outlives the job)
+    src = tmp_path / "remote" / "shard-000.tar"
+    new = write_tar_shards(tmp_path / "new", [50, 7])[1]  # samples 50..56
+    os.replace(new, src)
+    os.utime(src, (time.time() + 10, time.time() + 10))  # Last-Modified has whole seconds
+    again = ShardCache(cache.directory, max_bytes=cache.max_bytes)
+    ds = TarShards(urls[:1], transform=decode_sample, cache=again)
+    assert [int(ds[i][1]) for i in range(len(ds))] == list(range(50, 57))
+    assert again.downloads == 1
+    unchanged = ShardCache(cache.directory, max_bytes=cache.max_bytes)
+    assert len(TarShards(urls[:1], transform=decode_sample, cache=unchanged)) == 7
+    assert unchanged.downloads == 0  # checked against the source, kept
 
 
 @pytest.mark.timeout(60)

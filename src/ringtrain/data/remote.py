@@ -16,6 +16,14 @@ the file's blocks are freed when it lets go. Workers of one host share the cache
 directory; a lock file per shard makes the second worker wait for the first
 worker's download instead of fetching it again.
 
+A cached shard is checked against its source once per process before its first use:
+the server's ``ETag``, ``Last-Modified`` and size (fsspec: the file's ``info``) are
+kept beside the copy when it is downloaded, and a shard whose source now answers
+differently is downloaded again (the default cache directory outlives the job, so a
+dataset rewritten under the same URLs would otherwise be read as it was). A source
+that cannot be asked (offline, no such headers) leaves the copy in use, with a warning
+for the first.
+
 A failed download (connection error, HTTP error, truncated body) is retried
 ``attempts`` times with exponential back-off, then raised as a ``DataError`` that
 names the shard.
@@ -38,6 +46,8 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import io
+import json
+import logging
 import os
 import shutil
 import tempfile
@@ -55,6 +65,8 @@ from typing import Any
 from ringtrain.errors import DataError
 
 __all__ = ["ShardCache", "is_remote"]
+
+log = logging.getLogger(__name__)
 
 _CHUNK = 1 << 20
 _WAIT_S = 0.02  # between looks for room while other downloads hold it
@@ -104,11 +116,12 @@ class ShardCache:
         self._queued: set[str] = set()
         self._pf_lock = threading.Lock()
         self._pf_thread: threading.Thread | None = None
+        self._checked: set[str] = set()  # shards this process compared with their source
 
     def __getstate__(self) -> dict[str, Any]:
         # A worker gets its own (empty) queue and thread, not the parent's.
         state = dict(self.__dict__)
-        for key in ("_pf_pid", "_queue", "_queued", "_pf_lock", "_pf_thread"):
+        for key in ("_pf_pid", "_queue", "_queued", "_pf_lock", "_pf_thread", "_checked"):
             state.pop(key)
         return state
 
@@ -165,7 +178,7 @@ class ShardCache:
         target = self._target(name)
         with open(self._lock_path(target), "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)  # one download per shard per host
-            if target.exists():
+            if target.exists() and self._current(name, target):
                 os.utime(target)  # most recently used
                 return target
             self._download(name, target)
@@ -180,7 +193,10 @@ class ShardCache:
             return open(_local(name), "rb")
         cached = self._target(name)
         if cached.exists():
-            return open(cached, "rb")
+            with open(self._lock_path(cached), "w") as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX)
+                if cached.exists() and self._current(name, cached):
+                    return open(cached, "rb")
         if name.startswith(("http://", "https://")):
             try:
                 return io.BufferedReader(_HttpRanges(name, self.timeout_s), 1 << 16)
@@ -232,6 +248,37 @@ class ShardCache:
         return total
 
     # ---- internals -------------------------------------------------------------------
+    def _current(self, name: str, target: Path) -> bool:
+        """Whether the cached ``target`` still holds what ``name`` serves (asked once per
+        process; the caller holds the shard's lock). A stale copy is deleted."""
+        if name in self._checked:
+            return True
+        try:
+            stamp = _stamp(name, self.timeout_s)
+        except (OSError, HTTPException, ValueError, ImportError) as err:
+            log.warning("cannot check the cached copy of shard %s against its source (%s); "
+                        "using the copy", name, _reason(err))
+            stamp = None
+        kept = _stamp_path(target)
+        try:
+            before = kept.read_text()
+        except OSError:
+            before = None
+        self._checked.add(name)
+        if stamp is None:
+            return True
+        if before is None:  # a copy from before stamps were kept: adopt the source's
+            _write_stamp(kept, stamp)
+            return True
+        if not _changed(before, stamp):
+            return True
+        log.info("shard %s changed at its source since it was cached; downloading it again",
+                 name)
+        target.unlink(missing_ok=True)
+        kept.unlink(missing_ok=True)
+        self._checked.discard(name)
+        return False
+
     def _target(self, name: str) -> Path:
         digest = hashlib.sha1(name.encode()).hexdigest()[:16]
         base = name.rstrip("/").rsplit("/", 1)[-1][-80:] or "shard"
@@ -297,6 +344,7 @@ class ShardCache:
                 break
             if p != keep:
                 p.unlink(missing_ok=True)
+                _stamp_path(p).unlink(missing_ok=True)
                 total -= size
         return total + nbytes <= self.max_bytes
 
@@ -330,6 +378,8 @@ class ShardCache:
                 length = resp.headers.get("Content-Length")
                 self._receive(resp, int(length) if length is not None else None,
                               part, grow, target, protect)
+                _write_stamp(_stamp_path(target), _http_stamp(resp.headers))
+            self._checked.add(name)
             return
         try:
             import fsspec  # type: ignore[import-untyped]
@@ -337,10 +387,13 @@ class ShardCache:
             raise DataError(f"shard {name}: reading {name.split('://')[0]}:// URLs needs "
                             "fsspec (pip install fsspec and the scheme's package, e.g. "
                             "s3fs)") from None
+        stamp = _stamp(name, self.timeout_s)  # before the body: a change meanwhile re-fetches
         with fsspec.open(name, "rb") as src:
             size = getattr(src, "size", None)
             self._receive(src, size if isinstance(size, int) else None, part, grow, target,
                           protect)
+        _write_stamp(_stamp_path(target), stamp)
+        self._checked.add(name)
 
     def _receive(self, src: Any, expected: int | None, part: Path, grow: Path,
                  target: Path, protect: int | None = None) -> None:
@@ -414,6 +467,53 @@ class _HttpRanges(io.RawIOBase):
         buf[:want] = data
         self.pos += want
         return want
+
+
+_STAMP_FIELDS = ("size", "ETag", "etag", "LastModified", "last_modified", "mtime", "created",
+                 "generation", "md5Hash", "version_id")
+
+
+def _http_stamp(headers: Any) -> str | None:
+    fields = {k: headers.get(k) for k in ("ETag", "Last-Modified", "Content-Length")}
+    fields = {k: v for k, v in fields.items() if v is not None}
+    return json.dumps(fields, sort_keys=True) if fields else None
+
+
+def _stamp(name: str, timeout_s: float) -> str | None:
+    """What identifies the version ``name`` serves now (``None``: nothing does)."""
+    if name.startswith(("http://", "https://")):
+        head = urllib.request.Request(name, method="HEAD")
+        with urllib.request.urlopen(head, timeout=timeout_s) as resp:
+            return _http_stamp(resp.headers)
+    import fsspec  # type: ignore[import-untyped]
+
+    fs, path = fsspec.core.url_to_fs(name)
+    info = fs.info(path)
+    fields = {k: info[k] for k in _STAMP_FIELDS if info.get(k) is not None}
+    return json.dumps(fields, sort_keys=True, default=str) if fields else None
+
+
+def _changed(before: str, now: str) -> bool:
+    """Whether a field both stamps carry differs (a server may give a HEAD fields its GET
+    left out, e.g. a size for a chunked body: those are not a change)."""
+    try:
+        old, new = json.loads(before), json.loads(now)
+    except ValueError:
+        return True  # a damaged stamp: download again rather than trust the copy
+    return any(old[k] != new[k] for k in old.keys() & new.keys())
+
+
+def _stamp_path(target: Path) -> Path:
+    return target.with_name(f".{target.name}.stamp")  # a dot file: not a cache entry
+
+
+def _write_stamp(path: Path, stamp: str | None) -> None:
+    if stamp is None:
+        path.unlink(missing_ok=True)
+        return
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(stamp)
+    os.replace(tmp, path)
 
 
 def _alive(part_name: str) -> bool:
