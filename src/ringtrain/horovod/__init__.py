@@ -103,7 +103,7 @@ __all__ = [
     "grouped_allreduce_async", "grouped_allreduce_async_", "grouped_reducescatter",
     "grouped_reducescatter_async", "init", "is_homogeneous", "is_initialized", "join", "LocalSGD", "local_rank",
     "local_size", "mpi_built", "mpi_enabled", "mpi_threads_supported", "nccl_built", "poll", "rank",
-    "reducescatter", "reducescatter_async", "remove_process_set", "rocm_built", "shutdown", "size",
+    "reducescatter", "reducescatter_async", "remove_process_set", "rocm_built", "run", "shutdown", "size",
     "sparse_allreduce_async", "start_timeline", "stop_timeline", "synchronize",
 ]
 
@@ -115,6 +115,10 @@ def __getattr__(name: str) -> Any:
         import ringtrain.horovod.elastic as elastic
 
         return elastic
+    if name == "run":  # Horovod's Python launcher (horovod.run)
+        from ringtrain.horovod.runner import run
+
+        return run
     if name == "HostsUpdatedInterrupt":
         from ringtrain.horovod.elastic import HostsUpdatedInterrupt
 
