@@ -276,7 +276,7 @@ def allreduce_async_(
 
     def narrow() -> None:
         inner.wait()
-        tensor.copy_(work)
+        tensor.detach().copy_(work)  # outside autograd, as the strategies write (a parameter too)
 
     return Handle(tensor, narrow, name)
 

@@ -94,7 +94,12 @@ class P2PStrategy(Strategy):
         if size == 1 or tensor.numel() == 0:
             return Handle(tensor, lambda: None, name)
         ch = channel(channel_device(tensor))
-        flat, write_back = flat_work(tensor, ch.device)
+        # The exchange writes the result in place, outside autograd (as torch's
+        # dist.all_reduce and Horovod's allreduce_ do): through ``detach()`` a parameter or
+        # any tensor that requires grad can be reduced in place. Without it the first
+        # in-place addition raised on the exchange thread mid-round, after messages had
+        # gone out, and every later ring/ps exchange of the job stalled.
+        flat, write_back = flat_work(tensor.detach() if tensor.requires_grad else tensor, ch.device)
 
         def job() -> None:
             self.exchange(flat, op, ch)

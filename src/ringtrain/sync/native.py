@@ -31,8 +31,12 @@ class Native(Strategy):
         arrival = stall.tracker().arrive(name, tensor)
         timeout = self.timeout()
         started = time.monotonic()
+        # The result is written outside autograd, as torch's dist.all_reduce writes it: a
+        # parameter reduced in place was left holding the *sum* (the backend had written
+        # it) when the division by size() raised for a leaf that requires grad.
+        out = tensor.detach() if tensor.requires_grad else tensor
         # The same staging as rt.allreduce: under NCCL a CPU tensor travels via the GPU.
-        comm = collectives.staged(tensor)
+        comm = collectives.staged(out)
         inflight.hold(comm)  # released only once Gloo's worker let go (see ringtrain.inflight)
         try:
             work = dist.all_reduce(comm, op=reduce_op, async_op=True)
@@ -41,8 +45,8 @@ class Native(Strategy):
 
         def wait() -> None:
             stall.wait_work(work, arrival, timeout)
-            if comm is not tensor:
-                tensor.copy_(comm)
-            finish_average(tensor, op, size)
+            if comm is not out:
+                out.copy_(comm)
+            finish_average(out, op, size)
 
         return Handle(tensor, wait, name)
