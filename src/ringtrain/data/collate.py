@@ -139,7 +139,7 @@ def default_collate(samples: Sequence[Any], alloc: Alloc = fresh_alloc,
         except (ValueError, AttributeError) as err:
             raise _shape_error("arrays", samples, err) from None
         return torch.from_numpy(arr)
-    if isinstance(elem, (bool, np.bool_, int, np.integer, float, np.floating)):
+    if isinstance(elem, (bool, np.bool_, int, np.integer, float, np.floating, np.complexfloating)):
         if raw_numbers:
             return RawNumbers(samples)
         if isinstance(elem, (bool, np.bool_)):
@@ -239,6 +239,8 @@ class StreamCollator:
             def put_tensor(i: int, v: torch.Tensor) -> None:
                 if v.shape != shape:
                     raise _stream_shape_error(where, shape, v)
+                if v.dtype is not out.dtype:
+                    _check_cast(where, v, out.dtype)
                 out[i] = v
             return put_tensor, lambda: out
         if isinstance(elem, np.ndarray) and elem.dtype in _NP_TO_TORCH:
@@ -248,6 +250,8 @@ class StreamCollator:
             def put_array(i: int, v: np.ndarray) -> None:
                 if getattr(v, "shape", None) != ashape:
                     raise _stream_shape_error(where, ashape, v)
+                if v.dtype != arr.dtype:
+                    _check_cast(where, v, _NP_TO_TORCH[arr.dtype])
                 arr[i] = v
             return put_array, lambda: torch.from_numpy(arr)
         number = _number_dtype(elem)
@@ -296,9 +300,26 @@ def _number_dtype(elem: Any) -> np.dtype | None:
         return np.dtype(np.int64)
     if isinstance(elem, float):
         return np.dtype(np.float64)
-    if isinstance(elem, (np.integer, np.floating)) and elem.dtype in _NP_TO_TORCH:
+    if isinstance(elem, (np.integer, np.floating, np.complexfloating)) and elem.dtype in _NP_TO_TORCH:
         return elem.dtype
     return None
+
+
+def _check_cast(where: str, sample: Any, want: torch.dtype) -> None:
+    """Refuse a streamed sample whose dtype the batch (typed by its first sample) cannot
+    hold. The list path's ``torch.stack``/``np.concatenate`` with ``out=`` refuse it too,
+    as DataLoader's workers do (``torch.stack(out=)`` of the first sample's dtype):
+    a plain copy cast anything, 1.7 to 1 in an int64 batch, 7 to True in a bool one."""
+    if isinstance(sample, np.ndarray):  # as np.concatenate(out=) casts
+        np_want = _TORCH_TO_NP.get(want)
+        ok = np_want is not None and np.can_cast(sample.dtype, np_want, "same_kind")
+    else:
+        ok = isinstance(sample, torch.Tensor) and torch.can_cast(sample.dtype, want)
+    if not ok:
+        name = str(want).removeprefix("torch.")
+        raise DataError(f"cannot stack {where} of dtype {sample.dtype} into a batch of {name} "
+                        "(the dtype of the batch's first sample); give every sample one dtype "
+                        "in the dataset, or pass a collate_fn")
 
 
 def _stream_shape_error(where: str, want: Any, got: Any) -> DataError:
@@ -410,14 +431,24 @@ def _join(a: tuple, abuf: np.ndarray, b: tuple, bbuf: np.ndarray, arena: Arena,
     kind = a[0]
     if kind == "a" and b[0] == "a":
         _, aoff, an, dtype, ashape, is_torch = a
-        _, boff, bn, bdtype, bshape, _ = b
-        if dtype != bdtype or tuple(ashape[1:]) != tuple(bshape[1:]):
+        _, boff, bn, bdtype, bshape, b_torch = b
+        if tuple(ashape[1:]) != tuple(bshape[1:]) or (dtype != bdtype and not (is_torch and b_torch)):
             raise DataError(f"cannot stack {where} of shape {tuple(bshape[1:])} ({bdtype}) "
                             f"with shape {tuple(ashape[1:])} ({dtype}) into one batch; pad or "
                             "resize them in the dataset, or pass a collate_fn")
-        out = arena.alloc(an + bn)
+        if dtype != bdtype:
+            # The whole batch has its first sample's dtype, the first half's: the second
+            # half's rows are cast into it as collating it whole would (or refused).
+            want = _TORCH_BY_NAME[dtype]
+            rows = unpack(b, bbuf)
+            _check_cast(where, rows, want)
+            bn = rows.numel() * want.itemsize
+            out = arena.alloc(an + bn)
+            _torch_out(out[an:], want, rows.shape).copy_(rows)
+        else:
+            out = arena.alloc(an + bn)
+            out[an:] = bbuf[boff:boff + bn]
         out[:an] = abuf[aoff:aoff + an]
-        out[an:] = bbuf[boff:boff + bn]
         return ("a", out.ctypes.data - arena.base, an + bn, dtype,
                 (ashape[0] + bshape[0], *ashape[1:]), is_torch)
     if kind == "r" and b[0] == "r":

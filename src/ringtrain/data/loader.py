@@ -394,6 +394,7 @@ class Loader:
                 running = False
             if not running:
                 self._workers_len = len(self.dataset)
+                self._worker_kwargs["rank"] = plan.rank  # the workers' own seeds differ by rank
             self._feed.start(self.num_workers)
             # The epoch after this one, as it will be unless set_epoch/load_state_dict
             # say otherwise: its first batches load while this epoch ends.

@@ -48,7 +48,7 @@ from ringtrain.data.collate import (
     sample_nbytes,
     spec_nbytes,
 )
-from ringtrain.data.order import BatchIndexer, EpochPlan, ShardIndexer, ShardPlan
+from ringtrain.data.order import BatchIndexer, EpochPlan, ShardIndexer, ShardPlan, batch_seed
 from ringtrain.data.protocol import (
     Done,
     Failed,
@@ -70,6 +70,10 @@ __all__ = ["WorkerInfo", "get_worker_info", "WorkerPool", "fetch", "load_batch",
            "SampleError", "halves", "split_point"]
 
 log = logging.getLogger("ringtrain.data")
+
+# The "epoch" of a worker's own seed (see WorkerPool.worker_seed): keeps it apart from
+# the batches' seeds, which are keyed by real epochs.
+_WORKER_SEED_TAG = 0x574F524B4552  # "WORKER"
 
 
 @dataclass(frozen=True)
@@ -193,6 +197,25 @@ def _seed_batch(seed: int) -> None:
     torch.default_generator.manual_seed(seed)
 
 
+def _set_torch_worker_info(info: WorkerInfo) -> None:
+    """Make ``torch.utils.data.get_worker_info()`` answer as in a DataLoader worker.
+
+    Map-style datasets written for DataLoader ask it, not ours: with ``None`` they took
+    themselves to be in the main process (their own generator seeded alike in every
+    worker). Not for a sharded dataset: the loader splits its shards, and an
+    ``iterate(shard)`` over an IterableDataset that splits by worker too (webdataset's
+    ``split_by_worker``, a ``islice(lines, id, None, n)``) would read only part of each
+    shard, at the wrong offsets. torch keeps it in a private module global; where that
+    moved, the dataset sees ``None`` as before."""
+    try:
+        from torch.utils.data._utils import worker as torch_worker
+
+        torch_worker._worker_info = torch_worker.WorkerInfo(  # type: ignore[attr-defined]
+            id=info.id, num_workers=info.num_workers, seed=info.seed, dataset=info.dataset)
+    except (ImportError, AttributeError, TypeError):  # pragma: no cover - another torch
+        log.debug("cannot set torch's worker info", exc_info=True)
+
+
 def _worker_main(wid: int, num_workers: int, conn: Connection, dataset: Any,
                  collate_fn: Callable[[list[Any]], Any] | None, seed: int,
                  seed_batches: bool, worker_init_fn: Callable[[int], None] | None,
@@ -212,13 +235,14 @@ def _worker_main(wid: int, num_workers: int, conn: Connection, dataset: Any,
         except OSError:
             pass
     _WORKER_INFO = WorkerInfo(wid, num_workers, seed, dataset)
-    if not seed_batches:
-        # A forked worker starts with the training process's RNG states, and torch's
-        # generator is not reseeded at fork: without a seed of its own every worker drew
-        # the same numbers. ``seed`` is the pool's base seed + wid (see WorkerPool), as
-        # DataLoader seeds its workers; also what torch.initial_seed() says to a
-        # worker_init_fn.
-        _seed_batch(seed)
+    if not hasattr(dataset, "shard_sizes"):
+        _set_torch_worker_info(_WORKER_INFO)
+    # A forked worker starts with the training process's RNG states, and torch's
+    # generator is not reseeded at fork: without a seed of its own every worker drew the
+    # same numbers (without per-batch seeds, all along; with them, in worker_init_fn).
+    # ``seed`` is the worker's own (see WorkerPool.worker_seed), as DataLoader seeds its
+    # workers; also what torch.initial_seed() says to a worker_init_fn.
+    _seed_batch(seed)
     seed_halves = seed_batches and halves(dataset, collate_fn)
     slots = WorkerSlots()
     indexers: dict[int, BatchIndexer | ShardIndexer] = {}
@@ -373,7 +397,7 @@ class WorkerPool:
     def __init__(self, dataset: Any, collate_fn: Callable[[list[Any]], Any] | None,
                  seed: int, seed_batches: bool = True, start_method: str | None = None,
                  worker_init_fn: Callable[[int], None] | None = None,
-                 per_worker: int = 2) -> None:
+                 per_worker: int = 2, rank: int = 0) -> None:
         if start_method is None:
             start_method = "fork" if "fork" in mp.get_all_start_methods() else "spawn"
         try:
@@ -385,6 +409,7 @@ class WorkerPool:
         self._collate_fn = collate_fn
         self._seed = seed
         self._seed_batches = seed_batches
+        self._rank = rank
         # Without per-batch seeds, worker w is seeded with base + w, the base drawn here,
         # in the training process, from torch's default generator (one draw per pool, as
         # DataLoader does per iterator, and once for persistent workers): a script that
@@ -436,7 +461,7 @@ class WorkerPool:
         proc = self._ctx.Process(  # type: ignore[attr-defined]
             target=_worker_main, name=f"ringtrain-loader-{wid}", daemon=True,
             args=(wid, n, child_conn, self._dataset, self._collate_fn,
-                  self._seed if self._seed_batches else self.base_seed + wid,
+                  self.worker_seed(wid),
                   self._seed_batches, self._init_fn, os.getpid(), theirs))
         proc.start()
         child_conn.close()  # so the worker's end lives only in the worker
@@ -445,6 +470,15 @@ class WorkerPool:
         self.workers.append(_Worker(wid, proc, parent_conn, readable=readable))
         self._poll_obj = None
         log.debug("started loader worker %d (pid %d)", wid, proc.pid)
+
+    def worker_seed(self, wid: int) -> int:
+        """Worker ``wid``'s own seed (``get_worker_info().seed``, ``torch.initial_seed()``
+        when it starts): without per-batch seeds DataLoader's base + ``wid``; with them a
+        function of (loader seed, rank, ``wid``), apart for every worker of every rank
+        (each batch is then seeded from its position anyway)."""
+        if not self._seed_batches:
+            return self.base_seed + wid
+        return batch_seed(self._seed, _WORKER_SEED_TAG, self._rank, wid)
 
     def _stop_if_idle(self, w: _Worker) -> None:
         if w.retiring and not w.outstanding:
