@@ -118,6 +118,9 @@ def _check_command(command: list[str]) -> None:
         raise ConfigError("no command given; e.g. 'ringrun -np 2 python train.py'")
     exe = command[0]
     if os.sep in exe:
+        if os.path.isdir(exe):
+            raise ConfigError(f"command {exe!r} is a directory; give the program to run, "
+                              "e.g. 'python train.py'")
         if not os.access(exe, os.X_OK):
             raise ConfigError(f"command {exe!r} does not exist or is not executable; check the path")
     elif shutil.which(exe) is None:
@@ -159,6 +162,9 @@ def _check_interface(name: str | None, any_local: bool, multi_host: bool,
                      warnings: list[str]) -> str | None:
     if name is None:
         return None
+    if "," in name or not name.strip():
+        raise ConfigError(f"--network-interface {name!r}: give one interface name, e.g. eth1 "
+                          "(ringrun uses one for the rendezvous and Gloo/NCCL)")
     if not multi_host:
         warnings.append(f"--network-interface {name} has no effect on a one-host job "
                         "(it stays on loopback)")
@@ -284,6 +290,11 @@ def build_config(argv: list[str]) -> JobConfig:
     if command and command[0] == "--":
         command = command[1:]
     _check_command(command)
+    for flag, value in (("-H", args.hosts), ("--hostfile", args.hostfile),
+                        ("--host-discovery-script", args.host_discovery_script)):
+        if value is not None and not value.strip():  # '' would silently mean "this host"
+            raise ConfigError(f"{flag} is empty; give it a value (e.g. -H server1:4,server2:4) "
+                              "or leave it out to run on this host")
     if args.max_restarts < 0:
         raise ConfigError(f"--max-restarts must be >= 0, got {args.max_restarts}")
     if not 0 < args.start_timeout < math.inf:  # NaN too

@@ -49,6 +49,8 @@ def convert(flag: Flag, raw: Any, where: str) -> Any:
     """``raw`` (from YAML or a variable) as the value ``flag`` takes; ConfigError naming
     ``where`` when it is not one."""
     try:
+        if raw is None:  # a key without a value (``filename:``) would become "None"
+            raise ValueError
         if flag.value == "flag":
             if isinstance(raw, bool):
                 return raw
@@ -74,6 +76,8 @@ def convert(flag: Flag, raw: Any, where: str) -> Any:
             if len(pair) != 2:
                 raise ValueError
             return [float(x) for x in pair]
+        if isinstance(raw, bool) or not isinstance(raw, (str, int, float)):  # not a list's repr
+            raise ValueError
         return str(raw)
     except (TypeError, ValueError):
         want = {"flag": "true or false", "int": "a whole number", "float": "a number",
@@ -94,6 +98,9 @@ def read_config(path: str) -> Any:
             return yaml.safe_load(f) or {}
     except OSError as exc:
         raise ConfigError(f"--config-file {path} cannot be read ({exc.strerror}); check the path") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"--config-file {path} is not a text file (not UTF-8); give Horovod's "
+                          "YAML config file") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         at = f" at line {mark.line + 1}" if mark is not None else ""

@@ -158,6 +158,11 @@ def _gather(args: argparse.Namespace, environ: Mapping[str, str]) -> tuple[dict[
 
 
 def _hosts_flags(a: dict[str, Any], np: int | None) -> list[str]:
+    for flag, dest in (("-H", "hosts"), ("--hostfile", "hostfile"),
+                       ("--host-discovery-script", "host_discovery_script")):
+        if a[dest] is not None and not a[dest].strip():  # '' would silently mean localhost
+            raise ConfigError(f"{flag} is empty; give it a value (e.g. -H server1:4,server2:4) "
+                              "or leave it out to run on localhost")
     given = [n for n, d in (("-H", "hosts"), ("--hostfile", "hostfile"),
                             ("--host-discovery-script", "host_discovery_script")) if a[d]]
     if len(given) > 1:
@@ -172,7 +177,7 @@ def _hosts_flags(a: dict[str, Any], np: int | None) -> list[str]:
     return ["-H", f"localhost:{max(1, a['max_num_proc'] or 0, np or 0, a['min_num_proc'] or 0)}"]
 
 
-def _resize_flags(a: dict[str, Any]) -> list[str]:
+def _resize_flags(a: dict[str, Any], source: Mapping[str, str]) -> list[str]:
     """ringrun's flags for a resizable job, with Horovod's rules (--min-np defaults to -np)."""
     min_np = a["min_num_proc"] if a["min_num_proc"] is not None else a["num_proc"]
     if min_np is None:
@@ -183,6 +188,8 @@ def _resize_flags(a: dict[str, Any]) -> list[str]:
     if a["reset_limit"] is not None:
         out += ["--reset-limit", str(a["reset_limit"])]
     timeout = DEFAULT_ELASTIC_TIMEOUT if a["elastic_timeout"] is None else a["elastic_timeout"]
+    if not 0 <= timeout < math.inf:  # named here: it may be HOROVOD_ELASTIC_TIMEOUT
+        raise ConfigError(f"{source['elastic_timeout']} must be >= 0 seconds, got {timeout:g}")
     out += ["--elastic-timeout", f"{timeout:g}"]
     if a["cooldown_range"] is not None:
         out += ["--blacklist-cooldown-range", *(f"{x:g}" for x in a["cooldown_range"])]
@@ -191,12 +198,16 @@ def _resize_flags(a: dict[str, Any]) -> list[str]:
     return out
 
 
-def _tuning_flags(a: dict[str, Any]) -> list[str]:
-    """ringrun's flags for Horovod's settings that ringtrain has."""
+def _tuning_flags(a: dict[str, Any], source: Mapping[str, str]) -> list[str]:
+    """ringrun's flags for Horovod's settings that ringtrain has; ``source`` names where
+    each value came from (a flag, a config file key or a HOROVOD_* variable)."""
     out: list[str] = []
     if a["fusion_threshold_mb"] is not None:
         if not 0 <= a["fusion_threshold_mb"] < math.inf:  # NaN too
-            raise ConfigError(f"--fusion-threshold-mb must be >= 0, got {a['fusion_threshold_mb']:g}")
+            shown = (f"{a['fusion_threshold_mb'] * 2**20:.0f} bytes"
+                     if source["fusion_threshold_mb"] == "HOROVOD_FUSION_THRESHOLD"
+                     else f"{a['fusion_threshold_mb']:g}")
+            raise ConfigError(f"{source['fusion_threshold_mb']} must be >= 0, got {shown}")
         # 0 is Horovod's "no fusion": a one-byte bucket, so every tensor travels alone.
         mb = a["fusion_threshold_mb"] or 1 / 2**20
         out += [_setting_flag("fusion_mb"), repr(mb),
@@ -210,16 +221,19 @@ def _tuning_flags(a: dict[str, Any]) -> list[str]:
     if a["no_stall_check"]:
         out += [_setting_flag("stall_timeout"), str(_NO_STALL_TIMEOUT_S), "-x", "HOROVOD_STALL_CHECK_DISABLE=1"]
     else:
+        if a["stall_check_shutdown_time_seconds"] is not None and a["stall_check_shutdown_time_seconds"] < 0:
+            raise ConfigError(f"{source['stall_check_shutdown_time_seconds']} must be >= 0 seconds "
+                              f"(0: never shut down), got {a['stall_check_shutdown_time_seconds']}")
         if a["stall_check_shutdown_time_seconds"]:  # Horovod's 0: never shut down (the hvd default)
             out += [_setting_flag("stall_timeout"), f"{a['stall_check_shutdown_time_seconds']:g}"]
         if a["stall_check_warning_time_seconds"] is not None:
             if a["stall_check_warning_time_seconds"] < 0:
-                raise ConfigError("--stall-check-warning-time-seconds must be >= 0, got "
+                raise ConfigError(f"{source['stall_check_warning_time_seconds']} must be >= 0, got "
                                   f"{a['stall_check_warning_time_seconds']}")
             out += ["-x", f"HOROVOD_STALL_CHECK_TIME_SECONDS={a['stall_check_warning_time_seconds']}"]
     if a["gloo_timeout_seconds"] is not None:
         if a["gloo_timeout_seconds"] <= 0:
-            raise ConfigError(f"--gloo-timeout-seconds must be > 0, got {a['gloo_timeout_seconds']}")
+            raise ConfigError(f"{source['gloo_timeout_seconds']} must be > 0, got {a['gloo_timeout_seconds']}")
         out += [_setting_flag("init_timeout"), str(a["gloo_timeout_seconds"])]
     if a["log_level"] is not None:
         out += [_setting_flag("log_level"), _LOG_LEVELS[a["log_level"]]]
@@ -251,7 +265,7 @@ def translate(argv: list[str], environ: Mapping[str, str] | None = None) -> Tran
         raise ConfigError("-np is required, e.g. 'horovodrun -np 2 python train.py'")
     out = ["-np", str(np)] if np is not None else []
     if resizable:
-        out += _resize_flags(a)
+        out += _resize_flags(a, source)
     else:
         for dest in ("elastic_timeout", "cooldown_range", "slots") + (("reset_limit",) if fixed is None else ()):
             if a[dest] is not None:
@@ -263,6 +277,8 @@ def translate(argv: list[str], environ: Mapping[str, str] | None = None) -> Tran
     if a["ssh_identity_file"]:
         out += ["-i", a["ssh_identity_file"]]
     if a["start_timeout"] is not None:
+        if not 0 < a["start_timeout"] < math.inf:  # NaN too; named here: it may be HOROVOD_START_TIMEOUT
+            raise ConfigError(f"{source['start_timeout']} must be > 0 seconds, got {a['start_timeout']:g}")
         out += ["--start-timeout", f"{a['start_timeout']:g}"]
     nics = [n.strip() for n in (a["nics"] or "").split(",") if n.strip()]
     if nics:
@@ -273,7 +289,7 @@ def translate(argv: list[str], environ: Mapping[str, str] | None = None) -> Tran
             warnings.append(f"{source['nics']} {','.join(nics)}: ringtrain uses the first, {nics[0]}")
     if a["output_filename"]:
         out += ["--output-filename", a["output_filename"]]
-    out += _tuning_flags(a)
+    out += _tuning_flags(a, source)
     if fixed is not None:
         limit = DEFAULT_RESET_LIMIT if a["reset_limit"] is None else a["reset_limit"]
         out += ["--max-restarts", str(limit)]

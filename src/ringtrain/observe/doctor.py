@@ -107,6 +107,8 @@ def build_command(args: argparse.Namespace) -> list[str]:
             raise _UsageError(f"{exe!r} is a file, not a command; run it with python: "
                               f"ringtrain doctor -- python {' '.join(command)}")
         raise _UsageError(f"command {exe!r} not found; check the spelling or use a full path")
+    if os.path.isdir(exe):
+        raise _UsageError(f"command {exe!r} is a directory; give the program to run, e.g. -- python train.py")
     if args.np > 1:
         # ringrun as a module of this interpreter: no reliance on PATH.
         extra = ["--oversubscribe"] if args.oversubscribe else []
@@ -140,7 +142,11 @@ def _check_paths(out: Path, timeline: Path) -> None:
 
 
 def _clean(out: Path, timeline: Path) -> None:
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise _UsageError(f"--out {str(out)!r}: cannot create the folder ({exc.strerror}); "
+                          "choose a folder you can write to") from None
     stale = [*out.glob("meter-*.json"), timeline,
              *timeline.parent.glob(f"{timeline.stem}.rank*{timeline.suffix}")]
     for path in stale:
@@ -206,10 +212,10 @@ def main(argv: list[str] | None = None) -> int:
         out = Path(args.out)
         timeline = Path(args.timeline) if args.timeline else out / "timeline.json"
         _check_paths(out, timeline)
+        _clean(out, timeline)
     except _UsageError as exc:
         print(f"ringtrain doctor: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    _clean(out, timeline)
     env = dict(os.environ)
     env.update({DOCTOR_ENV: str(out.resolve()), DOCTOR_STEPS_ENV: str(args.steps),
                 DOCTOR_WARMUP_ENV: str(args.warmup), "RINGTRAIN_TIMELINE": str(timeline.resolve()),

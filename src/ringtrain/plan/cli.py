@@ -352,13 +352,24 @@ def _plan_lowcomm(args: argparse.Namespace) -> str:
     return "\n\n".join(text)
 
 
-def _write_json(path: str, data: Any) -> None:
+def _check_json_path(path: str) -> Path:
+    """Refuse a --json path that cannot be written, before anything is computed or written."""
     target = Path(path)
     if target.is_dir():
         raise ConfigError(f"--json {path!r} is a folder; give a file path, e.g. {target / 'plan.json'}")
-    if not target.parent.exists():
-        raise ConfigError(f"--json: folder {str(target.parent)!r} does not exist; create it or choose another path")
-    target.write_text(json.dumps(data, indent=2) + "\n")
+    if not target.parent.is_dir():
+        what = ("is a file, not a folder; choose another path" if target.parent.exists()
+                else "does not exist; create it or choose another path")
+        raise ConfigError(f"--json: folder {str(target.parent)!r} {what}")
+    return target
+
+
+def _write_json(path: str, data: Any) -> None:
+    target = _check_json_path(path)
+    try:
+        target.write_text(json.dumps(data, indent=2) + "\n")
+    except OSError as exc:
+        raise ConfigError(f"--json {path!r} cannot be written ({exc.strerror}); choose another path") from None
 
 
 def parse_layout(text: str) -> tuple[int, int, int]:
@@ -571,6 +582,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
         _check_flags(args)
+        if args.json:  # before --plot's file is written, so a bad --json leaves no file behind
+            _check_json_path(args.json)
         if args.parallel:
             out = _plan_parallel(args)
         elif args.lowcomm:
