@@ -13,6 +13,7 @@ This module imports no torch (the launcher uses it).
 
 from __future__ import annotations
 
+import difflib
 import math
 import os
 from collections.abc import Mapping
@@ -21,8 +22,8 @@ from typing import Any
 
 from ringtrain.errors import ConfigError
 
-__all__ = ["BACKENDS", "LOG_LEVELS", "FlagSpec", "Settings", "env_name", "flag_specs", "load_settings",
-           "settings_env"]
+__all__ = ["BACKENDS", "LOG_LEVELS", "FlagSpec", "OTHER_VARIABLES", "Settings", "env_name", "flag_specs",
+           "load_settings", "settings_env", "unknown_variables"]
 
 BACKENDS = ("auto", "gloo", "nccl")
 #: Levels of ringtrain's log lines (the ``logging`` module's names, lower case).
@@ -83,6 +84,34 @@ class Settings:
 def env_name(name: str) -> str:
     """The environment variable that sets the field ``name``."""
     return f"RINGTRAIN_{name.upper()}"
+
+
+#: The ``RINGTRAIN_*`` variables that are not settings: what ringrun gives each rank
+#: (docs/launch.md) and the knobs documented with their feature. A unit test checks that
+#: every name the package uses is here or a setting.
+OTHER_VARIABLES = frozenset({
+    "RINGTRAIN_RANK", "RINGTRAIN_SIZE", "RINGTRAIN_LOCAL_RANK", "RINGTRAIN_LOCAL_SIZE",
+    "RINGTRAIN_CROSS_RANK", "RINGTRAIN_CROSS_SIZE", "RINGTRAIN_ATTEMPT", "RINGTRAIN_RUN_ID",
+    "RINGTRAIN_JOB_SECRET", "RINGTRAIN_STORE_FD", "RINGTRAIN_WORLD_VERSION",
+    "RINGTRAIN_REFORM_WAIT", "RINGTRAIN_ELASTIC_DIR", "RINGTRAIN_ELASTIC_FILE",
+    "RINGTRAIN_ELASTIC_PERSIST_S", "RINGTRAIN_DOCTOR", "RINGTRAIN_DOCTOR_STEPS",
+    "RINGTRAIN_DOCTOR_WARMUP", "RINGTRAIN_TURBOJPEG", "RINGTRAIN_RUN_FUNC",
+    "RINGTRAIN_RUN_FUNC_FILE", "RINGTRAIN_RUN_TOKEN",
+})
+
+
+def unknown_variables(environ: Mapping[str, str] | None = None) -> list[str]:
+    """One warning per ``RINGTRAIN_*`` variable ringtrain does not read (a stall timeout
+    variable with one letter missing would otherwise leave the default in force, silently)."""
+    environ = os.environ if environ is None else environ
+    known = OTHER_VARIABLES | {env_name(f.name) for f in fields(Settings)}
+    out = []
+    for name in sorted(environ):
+        if name.startswith("RINGTRAIN_") and name not in known:
+            near = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.8)
+            hint = f"; did you mean {near[0]}?" if near else " and has no effect"
+            out.append(f"{name} is not a ringtrain variable{hint}")
+    return out
 
 
 _KINDS: dict[str, type] = {"str": str, "float": float, "bool": bool, "int": int}

@@ -32,7 +32,7 @@ from ringtrain.launch.output import check_output_dir
 from ringtrain.launch.slots import local_slots
 from ringtrain.launch.ssh import SshOptions, parse_ssh_option
 from ringtrain.launch.start import run_job
-from ringtrain.settings import env_name, flag_specs, settings_env
+from ringtrain.settings import env_name, flag_specs, settings_env, unknown_variables
 
 __all__ = ["build_config", "build_parser", "main"]
 
@@ -352,10 +352,16 @@ def build_config(argv: list[str]) -> JobConfig:
     )
 
 
+def launch_warnings(cfg: JobConfig) -> list[str]:
+    """``cfg``'s warnings and one per ``RINGTRAIN_*`` variable the ranks would get that
+    ringtrain does not read (a misspelt setting keeps its default silently otherwise)."""
+    return [*cfg.warnings, *unknown_variables({**os.environ, **cfg.extra_env})]
+
+
 def main(argv: list[str] | None = None) -> int:
     try:
         cfg = build_config(list(sys.argv[1:] if argv is None else argv))
-        for warning in cfg.warnings:
+        for warning in launch_warnings(cfg):
             print(f"ringrun: warning: {warning}", file=sys.stderr)
         return run_job(cfg)
     except ConfigError as exc:

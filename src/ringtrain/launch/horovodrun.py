@@ -366,7 +366,7 @@ def main(argv: list[str] | None = None) -> int:
         if plan.verbose:
             print("horovodrun: running ringrun " + shlex.join(plan.ringrun_argv), file=sys.stderr)
         cfg = cli.build_config(plan.ringrun_argv)
-        for warning in cfg.warnings:
+        for warning in cli.launch_warnings(cfg):
             print(f"horovodrun: warning: {warning}", file=sys.stderr)
         return run_job(cfg)
     except ConfigError as exc:

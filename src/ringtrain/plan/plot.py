@@ -20,6 +20,8 @@ def plot_efficiency(results: dict[str, list[StepBreakdown]], path: str | Path, t
     except ImportError:
         raise ConfigError("--plot needs matplotlib; install it with: pip install 'ringtrain[plot]'") from None
     out = Path(path)
+    if out.is_dir():  # before the suffix: '/tmp' would become '/tmp.png' beside it
+        raise ConfigError(f"--plot {path!r} is a folder; give a file path inside it, e.g. {out / 'efficiency.png'}")
     # savefig picks the format from the suffix and appends ".png" to a bare name: say so
     # up front, and report the file it really writes.
     if not out.suffix:

@@ -25,3 +25,13 @@ def test_bad_json_path_writes_no_plot(tmp_path: Path, capsys: pytest.CaptureFixt
     assert main(["--gpus", "8", "--plot", str(png), "--json", str(tmp_path / "no" / "plan.json")]) == 2
     assert "does not exist" in capsys.readouterr().err
     assert not png.exists()
+
+
+def test_a_folder_as_the_plot_is_refused_not_given_a_suffix(tmp_path: Path,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("matplotlib")
+    (tmp_path / "figs").mkdir()
+    # was: wrote figs.png beside the folder
+    assert main(["--gpus", "8", "--plot", str(tmp_path / "figs")]) == 2
+    assert "is a folder" in capsys.readouterr().err
+    assert not (tmp_path / "figs.png").exists()
