@@ -69,3 +69,38 @@ def test_an_fp16_parameter_is_averaged_in_place(world: list[dict[str, Any]], alg
     for got in scenario_results(world, f"{algo}-fp16", after=float(N)):
         assert got["same"] and got["requires_grad"], got
         assert torch.equal(got["value"], (total / N).half()), got["value"]
+
+
+def _exchange_after_a_stall() -> dict[str, Any]:
+    """Rank 1 comes to the first exchange after rank 0 gave up on it; rank 0 goes on to a
+    second exchange just as rank 1's first rounds arrive, under the same tags."""
+    import time
+
+    import ringtrain as rt
+
+    # the optimizer's path: the strategy itself, no agreement check before each bucket
+    ring = rt.sync.make_strategy("ring", stall_timeout=1.0)
+    out: dict[str, Any] = {}
+    if rt.rank() == 1:
+        time.sleep(2.5)
+    try:
+        ring(torch.ones(4) * (rt.rank() + 1), rt.Average, "bucket.0").wait()
+        out["first"] = "done"
+    except rt.errors.CollectiveError as exc:
+        out["first"] = type(exc).__name__
+    if rt.rank() == 0:
+        time.sleep(1.3)  # its second exchange is receiving when rank 1's first one sends
+    try:
+        out["second"] = ring(torch.full((4,), 10.0 * (rt.rank() + 1)), rt.Average, "bucket.1").wait().tolist()
+    except rt.errors.CollectiveError as exc:
+        out["second"] = str(exc)
+    return out
+
+
+@pytest.mark.timeout(60)
+def test_no_exchange_runs_on_a_channel_an_earlier_failure_ended() -> None:
+    got = run_world(_exchange_after_a_stall, N, timeout=40, env={"RINGTRAIN_STALL_TIMEOUT": "1"})
+    assert got[0]["first"] == "StallError", got
+    # not rank 1's first exchange taken for rank 0's second (6.0 on rank 0, an error on 1)
+    for out in got:
+        assert isinstance(out["second"], str) and "an earlier ring/ps exchange failed" in out["second"], got

@@ -17,6 +17,13 @@ on Gloo and while it adds tensors). Exchanges run one at a time, in the order th
 submitted; every rank submits the same exchanges in the same order (the optimizer
 launches buckets in plan order), so the rounds line up across ranks.
 
+An exchange that fails on this rank (a peer that did not come within the stall
+timeout, a lost connection) ends the channel: every later exchange submitted to it
+fails at once with a :class:`~ringtrain.errors.CollectiveError` saying so. The failed
+exchange's peers may still be sending its rounds, under the same tags the next exchange
+receives on, so running another would add one exchange's pieces into another's
+(different numbers on different ranks, and no error).
+
 A caller that waits for an exchange which is next in line while the thread is idle runs
 it itself (:meth:`Channel.run_if_next`): same order, two thread hand-offs fewer. Each
 hand-off is a wake-up, and on a busy machine a wake-up can cost a whole time slice
@@ -37,6 +44,7 @@ from typing import Any, TypeVar
 import torch
 
 from ringtrain import inflight, runtime
+from ringtrain.errors import CollectiveError, first_line
 from ringtrain.sync._tensors import ScratchPool
 from ringtrain.sync.transport import GlooTransport, Msg, NcclTransport, Op, PeerError, Transport
 
@@ -68,6 +76,7 @@ class Channel:
         self._pending: deque[tuple[Callable[[], Any], Future[Any]]] = deque()
         self._running = False  # a job is running (on the thread or in a caller)
         self._closed = False
+        self._failed: BaseException | None = None  # the exchange that ended the channel
         # A daemon thread: an exchange stuck on a dead peer must not keep the process alive.
         self._thread = threading.Thread(target=self._run, name="ringtrain-exchange", daemon=True)
         inflight.track(self._thread)  # in Gloo while it exchanges: joined at exit once closed
@@ -132,14 +141,26 @@ class Channel:
         fn, fut = item
         try:
             if fut.set_running_or_notify_cancel():
+                if self._failed is not None:
+                    fut.set_exception(self._ended())
+                    return
                 try:
                     fut.set_result(fn())
                 except BaseException as exc:  # noqa: BLE001 - handed to the waiting caller
+                    self._failed = exc
                     fut.set_exception(exc)
         finally:
             with self._cond:
                 self._running = False
                 self._cond.notify_all()
+
+    def _ended(self) -> CollectiveError:
+        cause = first_line(self._failed, None) if self._failed is not None else "?"
+        return CollectiveError(
+            f"an earlier ring/ps exchange failed on rank {self.rank} "
+            f"({cause}); its peers may still send its rounds, which "
+            "this exchange would take for its own, so none runs on this process group again: "
+            "end the job (ringrun --max-restarts restarts it from the last checkpoint)")
 
     def _run(self) -> None:
         while True:

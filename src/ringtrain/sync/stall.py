@@ -343,5 +343,7 @@ def wait_future(fut: Future[T], arrival: Arrival, timeout_s: float) -> T:
         return fut.result(timeout=timeout_s)
     except FutureTimeout:
         raise inspect(arrival, time.monotonic() - started, timeout_s) from None
+    except CollectiveError:
+        raise  # said by ringtrain itself (a channel an earlier failure ended)
     except RuntimeError as exc:
         raise failure(arrival, exc, started, timeout_s) from None
