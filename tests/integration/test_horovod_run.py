@@ -60,6 +60,19 @@ def test_a_failing_rank_fails_the_call(marked: str) -> None:
     assert_no_orphans(marked)
 
 
+@pytest.mark.system  # one more launch: the fast tier has the stdout path
+@pytest.mark.timeout(120)
+def test_values_come_back_from_rank_files(marked: str, tmp_path: Path) -> None:
+    def rank() -> int:
+        hvd.init()
+        return hvd.rank() * 10
+
+    # --output-filename: the ranks' output goes to rank.N.log, the values with it
+    assert hvd.run(rank, num_proc=2, output_filename=str(tmp_path / "logs")) == [0, 10]
+    assert sorted(os.listdir(tmp_path / "logs")) == ["rank.0.log", "rank.1.log"]
+    assert_no_orphans(marked)
+
+
 @pytest.mark.parametrize("kwargs, message", [
     ({"hosts": "localhost:2", "hostfile": "hosts.txt"}, "hosts or hostfile, not both"),
     ({"use_gloo": True, "use_mpi": True}, "use_gloo or use_mpi, not both"),

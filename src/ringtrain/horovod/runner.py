@@ -130,6 +130,8 @@ def run(func: Callable[..., Any], args: Sequence[Any] = (), kwargs: dict[str, An
     if code != 0:
         raise RuntimeError(f"the hvd.run job failed (horovodrun exited with {code})"
                            + (f": {last}" if last else ""))
+    if not results and output_filename and code == 0:
+        results = _from_files(output_filename, token)  # the ranks' output went to files
     if not results:
         raise RuntimeError("the hvd.run job ended without any process returning a value")
     ranks = sorted(results)
@@ -178,10 +180,7 @@ def _drive(cmd: list[str], env: dict[str, str], token: str) -> tuple[int, dict[i
                 sys.stdout.write(raw.decode(errors="replace"))
                 sys.stdout.flush()
                 continue
-            fields = raw[at + len(marker):].strip().split(b":", 3)
-            rank, index, total, chunk = int(fields[0]), int(fields[1]), int(fields[2]), fields[3]
-            parts.setdefault(rank, {})[index] = chunk
-            counts[rank] = total
+            _take(raw[at + len(marker):], parts, counts)
         for blank in held.values():
             sys.stdout.write(blank.decode(errors="replace"))
         sys.stdout.flush()
@@ -195,6 +194,40 @@ def _drive(cmd: list[str], env: dict[str, str], token: str) -> tuple[int, dict[i
         except subprocess.TimeoutExpired:
             proc.kill()
         raise
+    return code, _values(parts, counts), last
+
+
+def _take(line: bytes, parts: dict[int, dict[int, bytes]], counts: dict[int, int]) -> None:
+    """One result line after the marker: ``rank:index:count:base64 piece``."""
+    fields = line.strip().split(b":", 3)
+    rank, index, total, chunk = int(fields[0]), int(fields[1]), int(fields[2]), fields[3]
+    if index == 0:
+        parts[rank] = {}  # a later attempt's value replaces an earlier one's
+    parts.setdefault(rank, {})[index] = chunk
+    counts[rank] = total
+
+
+def _from_files(directory: str, token: str) -> dict[int, Any]:
+    """The values from ``--output-filename``'s rank files (rank.N.log, then each
+    restart's rank.N.attemptK.log: the last attempt's value wins)."""
+    marker = token.encode()
+    parts: dict[int, dict[int, bytes]] = {}
+    counts: dict[int, int] = {}
+
+    def attempt(p: Path) -> int:
+        tail = p.name.rsplit(".attempt", 1)
+        return int(tail[1].split(".")[0]) if len(tail) == 2 else 0
+
+    for path in sorted(Path(directory).glob("rank.*.log"), key=attempt):
+        with open(path, "rb") as f:
+            for raw in f:
+                at = raw.find(marker)
+                if at >= 0:
+                    _take(raw[at + len(marker):], parts, counts)
+    return _values(parts, counts)
+
+
+def _values(parts: dict[int, dict[int, bytes]], counts: dict[int, int]) -> dict[int, Any]:
     results: dict[int, Any] = {}
     for rank, chunks in parts.items():
         if len(chunks) != counts[rank]:
@@ -202,4 +235,4 @@ def _drive(cmd: list[str], env: dict[str, str], token: str) -> tuple[int, dict[i
                                f"({len(chunks)} of {counts[rank]} pieces)")
         data = base64.b64decode(b"".join(chunks[i] for i in range(counts[rank])))
         results[rank] = pickle.loads(data)
-    return code, results, last
+    return results
