@@ -5,7 +5,8 @@ the same numbers): allreduce's gradient is the same allreduce of the incoming gr
 allgather's is the average of the incoming gradients, sliced to this rank's rows;
 broadcast's is that average on the root and zero elsewhere; alltoall's sends the
 gradient back along the received splits; reducescatter's gathers it (times the set
-size for Sum, times the scale factors).
+size for Sum, times the scale factors). A check made here, before the ``*_async``
+call, that fails on one rank refuses the operation to the others (``ops.prechecks``).
 """
 
 from __future__ import annotations
@@ -50,9 +51,10 @@ def allreduce(tensor: torch.Tensor, average: bool | None = None, name: str | Non
               prescale_factor: float = 1.0, postscale_factor: float = 1.0,
               process_set: ProcessSet = global_process_set) -> torch.Tensor:
     """Reduce a copy of ``tensor`` over the process set (default: average)."""
-    op = handle_average_backwards_compatibility(op, average)
-    check_tensor("allreduce", tensor)
-    wire, ctx = compression.compress(tensor)
+    with ops.prechecks("allreduce", name, process_set):
+        op = handle_average_backwards_compatibility(op, average)
+        check_tensor("allreduce", tensor)
+        wire, ctx = compression.compress(tensor)
     out = _Allreduce.apply(wire, op, name, prescale_factor, postscale_factor, process_set)
     return compression.decompress(out, ctx)
 
@@ -83,11 +85,12 @@ def grouped_allreduce(tensors: Sequence[torch.Tensor], average: bool | None = No
                       name: str | None = None, compression: Compressor = Compression.none,
                       op: int | None = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                       process_set: ProcessSet = global_process_set) -> list[torch.Tensor]:
-    op = handle_average_backwards_compatibility(op, average)
     tensors = list(tensors)  # a generator is read once
-    for t in tensors:
-        check_tensor("grouped_allreduce", t)
-    packed = [compression.compress(t) for t in tensors]
+    with ops.prechecks("allreduce", name, process_set, group=tensors):
+        op = handle_average_backwards_compatibility(op, average)
+        for t in tensors:
+            check_tensor("grouped_allreduce", t)
+        packed = [compression.compress(t) for t in tensors]
     outs = _GroupedAllreduce.apply(op, name, prescale_factor, postscale_factor, process_set,
                                    *[w for w, _ in packed])
     return [compression.decompress(o, c) for o, (_, c) in zip(outs, packed, strict=True)]
@@ -119,14 +122,15 @@ class _Allgather(torch.autograd.Function):
 def allgather(tensor: torch.Tensor, name: str | None = None,
               process_set: ProcessSet = global_process_set) -> torch.Tensor:
     """Concatenate every member's ``tensor`` along dim 0 (first dimensions may differ)."""
-    check_tensor("allgather", tensor)
+    with ops.prechecks("allgather", name, process_set):
+        check_tensor("allgather", tensor)
     return _Allgather.apply(tensor, name, process_set)  # type: ignore[no-any-return]
 
 
 class _GroupedAllgather(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, name: str | None, ps: ProcessSet, *tensors: torch.Tensor) -> Any:
-        ctx.rows, ctx.ps = [t.shape[0] for t in tensors], ps
+        ctx.rows, ctx.ps = [t.shape[0] if t.dim() else 1 for t in tensors], ps
         return tuple(synchronize(ops.grouped_allgather_async(list(tensors), name, ps)))
 
     @staticmethod
@@ -143,8 +147,9 @@ class _GroupedAllgather(torch.autograd.Function):
 def grouped_allgather(tensors: Sequence[torch.Tensor], name: str | None = None,
                       process_set: ProcessSet = global_process_set) -> list[torch.Tensor]:
     tensors = list(tensors)  # a generator is read once
-    for t in tensors:
-        check_tensor("grouped_allgather", t)
+    with ops.prechecks("allgather", name, process_set, group=tensors):
+        for t in tensors:
+            check_tensor("grouped_allgather", t)
     return list(_GroupedAllgather.apply(name, process_set, *tensors))
 
 
@@ -225,8 +230,9 @@ def reducescatter(tensor: torch.Tensor, name: str | None = None, compression: Co
                   op: int = Average, process_set: ProcessSet = global_process_set,
                   prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> torch.Tensor:
     """Reduce over the process set and keep this rank's share of dim 0."""
-    check_tensor("reducescatter", tensor)
-    wire, ctx = compression.compress(tensor)
+    with ops.prechecks("reducescatter", name, process_set):
+        check_tensor("reducescatter", tensor)
+        wire, ctx = compression.compress(tensor)
     out = _Reducescatter.apply(wire, name, op, process_set, prescale_factor, postscale_factor)
     return compression.decompress(out, ctx)
 
@@ -250,9 +256,10 @@ def grouped_reducescatter(tensors: Sequence[torch.Tensor], name: str | None = No
                           process_set: ProcessSet = global_process_set, prescale_factor: float = 1.0,
                           postscale_factor: float = 1.0) -> list[torch.Tensor]:
     tensors = list(tensors)  # a generator is read once
-    for t in tensors:
-        check_tensor("grouped_reducescatter", t)
-    packed = [compression.compress(t) for t in tensors]
+    with ops.prechecks("reducescatter", name, process_set, group=tensors):
+        for t in tensors:
+            check_tensor("grouped_reducescatter", t)
+        packed = [compression.compress(t) for t in tensors]
     outs = _GroupedReducescatter.apply(name, op, process_set, prescale_factor, postscale_factor,
                                        *[w for w, _ in packed])
     return [compression.decompress(o, c) for o, (_, c) in zip(outs, packed, strict=True)]

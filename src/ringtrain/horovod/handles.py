@@ -113,8 +113,7 @@ def submit(meta: Meta, request: Request | None, post: Callable[[Any], Any] = lam
 
 def submit_many(metas: Sequence[Meta], requests: Sequence[Request | None],
                 post: Callable[[list[Any]], Any] = lambda r: r) -> int:
-    eng = engine()
-    handles = [eng.submit(m, r) for m, r in zip(metas, requests, strict=True)]
+    handles = engine().submit_many(metas, requests)  # together: see Engine.submit_many
     h = next(_next_handle)
     _handles[h] = (handles, post)
     return h

@@ -42,8 +42,8 @@ from ringtrain.horovod.handles import (
 __all__ = [
     "allgather_async", "allreduce_async", "allreduce_async_", "alltoall_async", "barrier",
     "broadcast_async", "broadcast_async_", "grouped_allgather_async", "grouped_allreduce_async",
-    "grouped_allreduce_async_", "grouped_reducescatter_async", "join", "reducescatter_async",
-    "sparse_allreduce_async",
+    "grouped_allreduce_async_", "grouped_reducescatter_async", "join", "prechecks",
+    "reducescatter_async", "sparse_allreduce_async",
 ]
 
 
@@ -64,8 +64,9 @@ def _check_bool(kind: str, tensor: torch.Tensor, op: int, pre: float, post: floa
 
 
 @contextlib.contextmanager
-def _checks(kind: str, names: Sequence[str], sid: int) -> Iterator[None]:
-    """This rank's own checks of a call that submits ``names`` (reserved before them).
+def _checks(kind: str, names: Sequence[str], sid: int, process_set: Any) -> Iterator[None]:
+    """This rank's own checks of a call that submits ``names`` (reserved before them, in
+    set ``sid``: see :func:`_reserve`), the ``process_set`` argument's first.
 
     A check that fails on one rank only raised there before anything was submitted: the
     other members waited for the operation for ever (Horovod's default has no stall
@@ -74,15 +75,61 @@ def _checks(kind: str, names: Sequence[str], sid: int) -> Iterator[None]:
     NegotiationError naming the rank) and the names stay in step; this rank raises its
     own error, of Horovod's type."""
     try:
+        set_id(process_set)
         yield
     except Exception as exc:
-        where = f"{kind} {names[0]!r} on rank {engine().rank}" if names else kind
-        text = str(exc) if str(exc).startswith(where) else f"{where}: {type(exc).__name__}: {exc}"
-        for n in names:
-            # Not a member, or after join(): there is no one to tell, this rank's error stands.
-            with contextlib.suppress(Exception):
-                engine().submit(Meta(n, kind, sid, refused=text), None)
+        _refuse(kind, names, sid, exc)
         raise
+
+
+def _refuse(kind: str, names: Sequence[str], sid: int, exc: Exception) -> None:
+    where = f"{kind} {names[0]!r} on rank {engine().rank}" if names else kind
+    text = str(exc) if str(exc).startswith(where) else f"{where}: {type(exc).__name__}: {exc}"
+    # Together (a group's other members are decided with them); not a member, or after
+    # join(): there is no one to tell, this rank's error stands.
+    with contextlib.suppress(Exception):
+        engine().submit_many([Meta(n, kind, sid, refused=text) for n in names], [None] * len(names))
+
+
+@contextlib.contextmanager
+def prechecks(kind: str, name: str | None, process_set: Any,
+              group: Sequence[Any] | None = None) -> Iterator[None]:
+    """The checks a synchronous form (:mod:`ringtrain.horovod.autograd`) makes before it
+    calls its ``*_async`` one (a non-tensor, ``op=`` with ``average=``, the compressor):
+    one that fails takes the name the ``*_async`` call would have taken and submits it
+    refused, as :func:`_checks` does; ``group``: a grouped call's tensors."""
+    try:
+        yield
+    except Exception as exc:
+        sid = _refusal_set(process_set)
+        if sid is not None:
+            base = unique_name(kind if group is None else f"grouped_{kind}", name, sid)
+            _refuse(kind, [base] if group is None else _group_names(base, group), sid, exc)
+        raise
+
+
+def _refusal_set(process_set: Any) -> int | None:
+    """The id of the process set a call is numbered and refused in: ``process_set``'s or,
+    for one this rank cannot use, the set the other members most likely passed (None: no
+    telling, so no refusal). A set removed on this rank only: its former id. A set (or a
+    list of ranks) not registered here: the registered set with those ranks, as Horovod
+    identifies a set by its ranks (``ProcessSet([])``: every rank)."""
+    with contextlib.suppress(Exception):
+        return set_id(process_set)
+    with contextlib.suppress(Exception):
+        eng = engine()
+        if isinstance(process_set, ProcessSet) and process_set.ranks is not None:
+            ranks, removed = process_set.ranks, process_set.removed_id
+            if removed > 0 and removed not in eng.sets and eng.rank in ranks:
+                return removed
+        elif isinstance(process_set, (list, tuple)) and all(type(r) is int for r in process_set):
+            ranks = sorted(set(process_set))
+        else:
+            return None
+        ranks = ranks or list(range(eng.size))
+        same = [i for i, (ps, _) in eng.sets.items() if i and ps.ranks == ranks]
+        return same[0] if same else 0 if ranks == list(range(eng.size)) else None
+    return None
 
 
 def refuse(kind: str, tensor: torch.Tensor, name: str | None, process_set: ProcessSet, text: str,
@@ -121,14 +168,35 @@ def _check_usable(metas: Sequence[Meta], tensors: Sequence[torch.Tensor], in_pla
                        f"the out-of-place hvd.{kind}()")
 
 
+def _set_for(process_set: Any) -> int:
+    """``process_set``'s id, or the one a call on it is refused in (:func:`_refusal_set`);
+    its error when there is none."""
+    sid = _refusal_set(process_set)
+    return set_id(process_set) if sid is None else sid
+
+
 def _reserve(kind: str, name: str | None, process_set: ProcessSet) -> tuple[str, int]:
     """The call's full name and process set id, before any check (see :func:`_checks`)."""
-    sid = set_id(process_set)
+    sid = _set_for(process_set)
     return unique_name(kind, name, sid), sid
 
 
 def _numbered(base: str, tensors: Sequence[Any]) -> list[str]:
     return [f"{base}.{i}" for i in range(len(tensors))]
+
+
+def _group_names(base: str, tensors: Sequence[Any]) -> list[str]:
+    """The names a grouped call refuses: an empty one its first member's, which every
+    other rank's group has (the coordinator then refuses the rest of the group)."""
+    return _numbered(base, tensors) or [f"{base}.0"]
+
+
+def _check_group(kind: str, tensors: Sequence[Any]) -> None:
+    # Horovod's grouped calls fail on an empty list too (an IndexError on tensors[0]).
+    if not tensors:
+        raise ValueError(f"{kind} needs at least one tensor, got an empty list")
+    for t in tensors:
+        check_tensor(kind, t)
 
 
 def _allreduce_meta(tensor: torch.Tensor, full: str, op: int, prescale_factor: float,
@@ -154,7 +222,7 @@ def allreduce_async_(tensor: torch.Tensor, average: bool | None = None, name: st
                      process_set: ProcessSet = global_process_set) -> int:
     """Reduce ``tensor`` in place across the process set; returns a handle."""
     full, sid = _reserve("allreduce", name, process_set)
-    with _checks("allreduce", [full], sid):
+    with _checks("allreduce", [full], sid, process_set):
         op = handle_average_backwards_compatibility(op, average)
         meta = _allreduce_meta(tensor, full, op, prescale_factor, postscale_factor, process_set)
         _check_usable([meta], [tensor], in_place=True)
@@ -166,7 +234,7 @@ def allreduce_async(tensor: torch.Tensor, average: bool | None = None, name: str
                     process_set: ProcessSet = global_process_set) -> int:
     """Reduce a copy of ``tensor`` across the process set; returns a handle."""
     full, sid = _reserve("allreduce", name, process_set)
-    with _checks("allreduce", [full], sid):
+    with _checks("allreduce", [full], sid, process_set):
         op = handle_average_backwards_compatibility(op, average)
         meta = _allreduce_meta(tensor, full, op, prescale_factor, postscale_factor, process_set)
         _check_usable([meta], [tensor], in_place=False)
@@ -175,10 +243,7 @@ def allreduce_async(tensor: torch.Tensor, average: bool | None = None, name: str
 
 def _grouped_metas(tensors: list[torch.Tensor], base: str, op: int, prescale_factor: float,
                    postscale_factor: float, process_set: ProcessSet, in_place: bool) -> list[Meta]:
-    if not tensors:
-        raise ValueError("grouped_allreduce needs at least one tensor")
-    for t in tensors:
-        check_tensor("grouped_allreduce", t)
+    _check_group("grouped_allreduce", tensors)
     devices = {t.device.type for t in tensors}
     if len(devices) > 1:
         raise HorovodUsageError("grouped_allreduce tensors must all be on the CPU or all on GPUs, "
@@ -195,7 +260,7 @@ def grouped_allreduce_async(tensors: Sequence[torch.Tensor], average: bool | Non
                             process_set: ProcessSet = global_process_set) -> int:
     tensors = list(tensors)
     base, sid = _reserve("grouped_allreduce", name, process_set)
-    with _checks("allreduce", _numbered(base, tensors), sid):
+    with _checks("allreduce", _group_names(base, tensors), sid, process_set):
         op = handle_average_backwards_compatibility(op, average)
         metas = _grouped_metas(tensors, base, op, prescale_factor, postscale_factor, process_set, False)
     return submit_many(metas, [Request(m, t) for m, t in zip(metas, tensors, strict=True)])
@@ -207,7 +272,7 @@ def grouped_allreduce_async_(tensors: Sequence[torch.Tensor], average: bool | No
                              process_set: ProcessSet = global_process_set) -> int:
     tensors = list(tensors)
     base, sid = _reserve("grouped_allreduce", name, process_set)
-    with _checks("allreduce", _numbered(base, tensors), sid):
+    with _checks("allreduce", _group_names(base, tensors), sid, process_set):
         op = handle_average_backwards_compatibility(op, average)
         metas = _grouped_metas(tensors, base, op, prescale_factor, postscale_factor, process_set, True)
     return submit_many(metas, [Request(m, t, output=t) for m, t in zip(metas, tensors, strict=True)])
@@ -218,7 +283,8 @@ def sparse_allreduce_async(tensor: torch.Tensor, name: str, op: int,
     """Allreduce of a sparse tensor as Horovod does it: gather every rank's indices and
     values; the callable it returns (pass it to ``synchronize`` or call it) gives the
     summed (or averaged) sparse tensor."""
-    with _checks("allgather", [f"allgather.{name}.indices", f"allgather.{name}.values"], set_id(process_set)):
+    with _checks("allgather", [f"allgather.{name}.indices", f"allgather.{name}.values"], _set_for(process_set),
+                 process_set):
         t = tensor.coalesce() if not tensor.is_coalesced() else tensor
         rows = t.indices().t().contiguous()
     indices = allgather_async(rows, name=f"{name}.indices", process_set=process_set)
@@ -239,7 +305,7 @@ def allgather_async(tensor: torch.Tensor, name: str | None = None,
                     process_set: ProcessSet = global_process_set) -> int:
     """Concatenate every member's tensor along dim 0 (first dimensions may differ)."""
     full, sid = _reserve("allgather", name, process_set)
-    with _checks("allgather", [full], sid):
+    with _checks("allgather", [full], sid, process_set):
         meta = meta_for("allgather", tensor, None, process_set, named=full)
         _check_usable([meta], [tensor], in_place=False)
     return submit(meta, Request(meta, tensor))
@@ -249,13 +315,11 @@ def grouped_allgather_async(tensors: Sequence[torch.Tensor], name: str | None = 
                             process_set: ProcessSet = global_process_set) -> int:
     tensors = list(tensors)  # a generator is read once
     base, sid = _reserve("grouped_allgather", name, process_set)
-    names = _numbered(base, tensors)
-    with _checks("allgather", names, sid):
-        for t in tensors:
-            check_tensor("grouped_allgather", t)
-        metas = [meta_for("allgather", t, None, process_set, named=n) for t, n in zip(tensors, names, strict=True)]
-        if metas:
-            _check_usable(metas, tensors, in_place=False)
+    with _checks("allgather", _group_names(base, tensors), sid, process_set):
+        _check_group("grouped_allgather", tensors)
+        metas = [meta_for("allgather", t, None, process_set, named=n)
+                 for t, n in zip(tensors, _numbered(base, tensors), strict=True)]
+        _check_usable(metas, tensors, in_place=False)
     return submit_many(metas, [Request(m, t) for m, t in zip(metas, tensors, strict=True)])
 
 
@@ -268,7 +332,7 @@ def _root_meta(tensor: torch.Tensor, root_rank: int, full: str, process_set: Pro
 def broadcast_async(tensor: torch.Tensor, root_rank: int, name: str | None = None,
                     process_set: ProcessSet = global_process_set) -> int:
     full, sid = _reserve("broadcast", name, process_set)
-    with _checks("broadcast", [full], sid):
+    with _checks("broadcast", [full], sid, process_set):
         meta = _root_meta(tensor, root_rank, full, process_set)
         _check_usable([meta], [tensor], in_place=False)
     return submit(meta, Request(meta, tensor))
@@ -277,7 +341,7 @@ def broadcast_async(tensor: torch.Tensor, root_rank: int, name: str | None = Non
 def broadcast_async_(tensor: torch.Tensor, root_rank: int, name: str | None = None,
                      process_set: ProcessSet = global_process_set) -> int:
     full, sid = _reserve("broadcast", name, process_set)
-    with _checks("broadcast", [full], sid):
+    with _checks("broadcast", [full], sid, process_set):
         meta = _root_meta(tensor, root_rank, full, process_set)
         _check_usable([meta], [tensor], in_place=True)
     return submit(meta, Request(meta, tensor, output=tensor))
@@ -313,7 +377,7 @@ def alltoall_async(tensor: torch.Tensor, splits: Any = None, name: str | None = 
                    process_set: ProcessSet = global_process_set) -> int:
     """Send ``splits[i]`` rows to member i; the handle gives ``(output, received_splits)``."""
     full, sid = _reserve("alltoall", name, process_set)
-    with _checks("alltoall", [full], sid):
+    with _checks("alltoall", [full], sid, process_set):
         send, like = _send_splits(tensor, splits, process_set.size())
         meta = meta_for("alltoall", tensor, None, process_set, named=full, splits=tuple(send))
         _check_usable([meta], [tensor], in_place=False)
@@ -347,7 +411,7 @@ def reducescatter_async(tensor: torch.Tensor, name: str | None = None, op: int =
                         process_set: ProcessSet = global_process_set, prescale_factor: float = 1.0,
                         postscale_factor: float = 1.0) -> int:
     full, sid = _reserve("reducescatter", name, process_set)
-    with _checks("reducescatter", [full], sid):
+    with _checks("reducescatter", [full], sid, process_set):
         meta = _reducescatter_meta(tensor, full, op, process_set, prescale_factor, postscale_factor)
         _check_usable([meta], [tensor], in_place=False)
     return submit(meta, Request(meta, tensor))
@@ -358,12 +422,11 @@ def grouped_reducescatter_async(tensors: Sequence[torch.Tensor], name: str | Non
                                 prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> int:
     tensors = list(tensors)  # read twice below: a generator would be empty the second time
     base, sid = _reserve("grouped_reducescatter", name, process_set)
-    names = _numbered(base, tensors)
-    with _checks("reducescatter", names, sid):
+    with _checks("reducescatter", _group_names(base, tensors), sid, process_set):
+        _check_group("grouped_reducescatter", tensors)
         metas = [_reducescatter_meta(t, n, op, process_set, prescale_factor, postscale_factor)
-                 for t, n in zip(tensors, names, strict=True)]
-        if metas:
-            _check_usable(metas, tensors, in_place=False)
+                 for t, n in zip(tensors, _numbered(base, tensors), strict=True)]
+        _check_usable(metas, tensors, in_place=False)
     return submit_many(metas, [Request(m, t) for m, t in zip(metas, tensors, strict=True)])
 
 
@@ -380,6 +443,9 @@ def join(device: int = -1) -> int:
 
 def barrier(process_set: ProcessSet = global_process_set) -> None:
     """Wait until every member of the process set reaches its barrier."""
-    sid = set_id(process_set)
-    synchronize(submit(Meta(unique_name("barrier", None, sid), "barrier", sid), None))
+    sid = _set_for(process_set)
+    full = unique_name("barrier", None, sid)
+    with _checks("barrier", [full], sid, process_set):  # the process set's own check
+        meta = Meta(full, "barrier", sid)
+    synchronize(submit(meta, None))
 

@@ -35,7 +35,7 @@ import itertools
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -208,26 +208,38 @@ class Engine:
     # -- submitting ---------------------------------------------------------------------
 
     def submit(self, meta: Meta, request: Request | None) -> PendingOp:
-        ps_group = self.group_of(meta.set_id)
-        if self.rank not in ps_group.ranks:
-            raise ConfigError(f"rank {self.rank} is not in process set {meta.set_id} "
-                              f"(ranks {ps_group.ranks}); only its members may use it")
-        handle = PendingOp(self, meta, request)
+        return self.submit_many([meta], [request])[0]
+
+    def submit_many(self, metas: Sequence[Meta], requests: Sequence[Request | None]) -> list[PendingOp]:
+        """Submit operations together: all go into one cycle, or none is submitted. The
+        members of a grouped call reach the other ranks at once (as Horovod enqueues a
+        group), so a refusal of the group fails every member in one decision (:meth:`_decide`)."""
+        for meta in metas:
+            if meta.refused and meta.set_id not in self.sets and 0 < meta.set_id < self._next_set_id:
+                continue  # a set removed on this rank only: the members that still have it hear why
+            ps_group = self.group_of(meta.set_id)
+            if self.rank not in ps_group.ranks:
+                raise ConfigError(f"rank {self.rank} is not in process set {meta.set_id} "
+                                  f"(ranks {ps_group.ranks}); only its members may use it")
+        handles = [PendingOp(self, m, r) for m, r in zip(metas, requests, strict=True)]
         with self._lock:
             self._raise_if_failed()
-            if self._joined_local:
-                raise ConfigError(f"{meta.kind} {meta.name!r} after join() on this rank: a rank "
-                                  "that joined takes no further part until every rank has joined")
-            if meta.key in self._pending:
-                raise ValueError(
-                    f"a {self._pending[meta.key].meta.kind} named {meta.name!r} is still in "
-                    "progress on this rank: names of concurrent operations must be unique"
-                )
-            self._pending[meta.key] = handle
-            self._outbox.append(meta)
+            for meta in metas:
+                if self._joined_local:
+                    raise ConfigError(f"{meta.kind} {meta.name!r} after join() on this rank: a rank "
+                                      "that joined takes no further part until every rank has joined")
+                if meta.key in self._pending:
+                    raise ValueError(
+                        f"a {self._pending[meta.key].meta.kind} named {meta.name!r} is still in "
+                        "progress on this rank: names of concurrent operations must be unique"
+                    )
+            for h in handles:
+                self._pending[h.meta.key] = h
+                self._outbox.append(h.meta)
             self._signal()
-        self.trace.submitted(meta)
-        return handle
+        for meta in metas:
+            self.trace.submitted(meta)
+        return handles
 
     def join(self) -> PendingOp:
         meta = Meta(_JOIN, "barrier")
@@ -404,6 +416,7 @@ class Engine:
                 error = (f"broadcast {name!r}: root rank {first.root} is not a member of the process "
                          f"set (ranks {members})")
             ready.append((entry.order, key, entry, error))
+        ready += self._refused_groups(ready)
         ready.sort(key=lambda x: x[0])
         work: list[tuple[str, list[tuple[Meta, dict[int, Meta]]], str | None]] = []
         fused_bytes = 0
@@ -420,6 +433,23 @@ class Engine:
                 work.append((first.kind, [item], error))
                 fused_bytes = first.nbytes
         return work
+
+    def _refused_groups(self, ready: list[tuple[int, tuple[int, str], _Entry, str | None]]
+                        ) -> list[tuple[int, tuple[int, str], _Entry, str | None]]:
+        """Under the lock: the other members of grouped calls a rank refused, with its error.
+
+        A rank that refused a grouped call (an empty list, say) cannot know how many
+        tensors the others passed, so members it did not name would wait for it for ever.
+        A group's members reach every rank in one cycle (:meth:`submit_many`), so when one
+        is decided refused, the others of the call are all in the table."""
+        refused = {(key[0], _group_of(key[1])): error for _, key, entry, error in ready
+                   if error is not None and _group_of(key[1]) and any(m.refused for m in entry.metas.values())}
+        if not refused:
+            return []
+        decided = {key for _, key, _, _ in ready}
+        return [(entry.order, key, entry, refused[(key[0], _group_of(key[1]))])
+                for key, entry in self._table.items()
+                if key not in decided and (key[0], _group_of(key[1])) in refused]
 
     def _execute(self, work: list[tuple[str, list[tuple[Meta, dict[int, Meta]]], str | None]]) -> None:
         for kind, items, error in work:
@@ -508,6 +538,13 @@ class Engine:
         for h in handles:
             h._finish(error=CollectiveError(f"the coordinator stopped on rank {self.rank}: {first_line(exc, None)}"))
 
+
+
+def _group_of(name: str) -> str:
+    """The grouped call an operation belongs to (``grouped_allreduce.x`` for
+    ``grouped_allreduce.x.3``, as ringtrain.horovod names a group's members), or ""."""
+    base, _, index = name.rpartition(".")
+    return base if name.startswith("grouped_") and index.isdigit() else ""
 
 
 class _Waker:

@@ -25,6 +25,9 @@ class ProcessSet:
         self.process_set_id = -1
         self._group: Any = None  # the data process group (None for the global set: the engine's)
         self._world_rank = -1
+        #: The id it had before :meth:`_unbind` (-1: none): a call on a set removed on one
+        #: rank only is refused to the others under it (ringtrain.horovod.ops).
+        self.removed_id = -1
 
     # -- Horovod's methods ----------------------------------------------------------------
 
@@ -64,10 +67,12 @@ class ProcessSet:
 
     def _bind(self, set_id: int, ranks: list[int], world_rank: int, group: Any) -> None:
         self.process_set_id = set_id
+        self.removed_id = -1
         self.ranks = ranks
         self._world_rank = world_rank
         self._group = group
 
     def _unbind(self) -> None:
+        self.removed_id = self.process_set_id
         self.process_set_id = -1
         self._group = None
