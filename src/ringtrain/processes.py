@@ -18,6 +18,7 @@ torch, and worker-side code (the loader) uses it without the launcher.
 from __future__ import annotations
 
 import ctypes
+import errno
 import os
 import signal
 import subprocess
@@ -27,7 +28,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import IO, Any, Protocol
 
 __all__ = ["PIECE_BYTES", "Child", "PlainProcess", "SpawnedProcess", "Stoppable", "die_with_parent",
-           "pieces", "stop_sequence"]
+           "pieces", "start_failure", "stop_sequence"]
 
 #: Seconds a killed process has to be reaped.
 REAP_S = 2.0
@@ -56,6 +57,38 @@ def pieces(stream: IO[bytes]) -> Iterator[tuple[bytes, bool]]:
         # A full piece without a newline: the line goes on (at worst it ended exactly at
         # the boundary and the next read is end of input, which costs nothing).
         yield piece, len(piece) == PIECE_BYTES and not piece.endswith(b"\n")
+
+
+#: What to do about a process that could not be started, by the error's errno.
+_START_FIXES = {
+    errno.ENOEXEC: "give a program built for this machine, or a script whose first line is a valid '#!' line",
+    errno.EACCES: "check that it is executable (chmod +x) and not on a noexec file system",
+    errno.EPERM: "check that it is executable (chmod +x) and not on a noexec file system",
+    errno.ENOENT: "check the path, PATH and a script's '#!' interpreter",
+    errno.ENOTDIR: "check the path, PATH and a script's '#!' interpreter",
+    errno.EMFILE: "raise the open-file limit (ulimit -n) or start fewer ranks per host",
+    errno.ENFILE: "the system's open-file table is full; start fewer ranks per host",
+    errno.ENOMEM: "free memory on this host or start fewer ranks per host",
+    errno.EAGAIN: "raise the process limit (ulimit -u), free memory, or start fewer ranks per host",
+    errno.E2BIG: "the command line and environment are too long; shorten them (fewer -x variables)",
+}
+
+
+def start_failure(what: str, argv: Sequence[str], exc: BaseException, missing: str | None = None) -> str:
+    """One line for a process that could not be started: ``what`` (e.g. "rank 3"), the
+    program, the system's reason and what to do about it (``missing``: the fix when the
+    program does not exist)."""
+    program = argv[0] if argv else "?"
+    if isinstance(exc, OSError):
+        reason = exc.strerror or str(exc)
+        fix = _START_FIXES.get(exc.errno or 0, f"check {program!r}")
+        if exc.errno == errno.ENOENT and os.sep in program and os.path.isfile(program):
+            fix = f"{program} exists: the interpreter on its '#!' first line does not; fix that line"
+        elif missing and exc.errno == errno.ENOENT:
+            fix = missing
+    else:  # threading's RuntimeError("can't start new thread"): out of threads or memory
+        reason, fix = str(exc), _START_FIXES[errno.EAGAIN]
+    return f"cannot start {what} ({program!r}: {reason}); {fix}"
 
 
 def die_with_parent() -> None:

@@ -67,6 +67,7 @@ from ringtrain.cpus import cpu_count  # noqa: E402
 from ringtrain.errors import ConfigError  # noqa: E402
 from ringtrain.launch import reaper  # noqa: E402
 from ringtrain.launch.members import Rank, stop_marked  # noqa: E402
+from ringtrain.processes import start_failure  # noqa: E402
 
 __all__ = ["agent_grace", "info", "main", "worker_extras"]
 
@@ -186,12 +187,19 @@ class _Agent:
             world_file = item["env"].get("RINGTRAIN_ELASTIC_FILE")
             if world_file:
                 self.files[rank] = world_file
-                os.makedirs(os.path.dirname(world_file) or ".", exist_ok=True)
+                try:
+                    os.makedirs(os.path.dirname(world_file) or ".", exist_ok=True)
+                except OSError as exc:
+                    raise _Refused(f"cannot create {os.path.dirname(world_file)} on host "
+                                   f"{socket.gethostname()} ({exc.strerror}); check that the "
+                                   "working directory is writable there") from None
             try:
                 proc = Rank(spec["command"], env, cwd=cwd or None, pass_fds=fds)
-            except OSError as exc:
-                raise _Refused(f"cannot run {spec['command'][0]!r} on host {socket.gethostname()}: "
-                               f"{exc.strerror}; check PATH there (pass it with -x PATH)") from None
+            except OSError as exc:  # the caller stops the ranks started before this one
+                raise _Refused(start_failure(
+                    f"rank {rank} on host {socket.gethostname()}", spec["command"], exc,
+                    missing="check PATH there (pass it with -x PATH) and a script's '#!' "
+                            "interpreter")) from None
             self.procs[rank] = proc
             if rank in self.reserved:
                 self.reserved.pop(rank).close()  # the worker holds its own copy

@@ -44,7 +44,7 @@ from ringtrain.launch.ssh import AGENT_SCRIPT, SshOptions, agent_command, forwar
 
 __all__ = ["HEARTBEAT_EVERY_S", "STOP_GRACE_S", "HostsDown", "JobConfig", "JobRun", "Stopped",
            "await_agents", "choose_master_addr", "describe_exit", "exit_status", "job_run",
-           "reach_address", "run_fixed", "say", "worker_env"]
+           "reach_address", "run_fixed", "say", "worker_env", "working_directory"]
 
 #: Seconds without ringrun's heartbeat after which a host agent stops its ranks: a network
 #: partition closes no connection, and the ranks must not outlive their job. Twice
@@ -320,7 +320,7 @@ def _start_attempt(cfg: JobConfig, attempt: int, run_id: str, sink: OutputSink,
         if cfg.network_interface and remote:
             net_env = {"GLOO_SOCKET_IFNAME": cfg.network_interface,
                        "NCCL_SOCKET_IFNAME": cfg.network_interface}
-        cwd = cfg.cwd or os.getcwd()
+        cwd = working_directory(cfg)
         if cfg.is_local(host0):
             listener = sockets.reserve_rendezvous(addr, cfg.master_port or 0)
             port = int(listener.getsockname()[1])
@@ -365,6 +365,18 @@ def _start_attempt(cfg: JobConfig, attempt: int, run_id: str, sink: OutputSink,
         if listener is not None:
             listener.close()  # rank 0 holds its own copy of the reservation
     return members
+
+
+def working_directory(cfg: JobConfig) -> str:
+    """The directory the ranks start in: ``cfg.cwd``, else ringrun's own (the same path
+    on every host)."""
+    if cfg.cwd:
+        return cfg.cwd
+    try:
+        return os.getcwd()
+    except FileNotFoundError:  # removed while ringrun was in it
+        raise ConfigError("ringrun's working directory no longer exists; cd to an existing "
+                          "directory and start the job again") from None
 
 
 def _spec(cfg: JobConfig, h: RemoteHost, addr: str, port: int, attempt: int, run_id: str,
@@ -461,10 +473,16 @@ def job_run(cfg: JobConfig, local: bool) -> Iterator[JobRun]:
 def run_fixed(cfg: JobConfig) -> int:
     """Run a fixed-size job to completion; returns ringrun's exit code."""
     with job_run(cfg, any(cfg.is_local(h) for h in cfg.hosts)) as run:
-        return _run_attempts(cfg, run)
+        started: list[int] = []
+        try:
+            return _run_attempts(cfg, run, started)
+        finally:
+            if not started:  # no attempt got all its ranks going: no empty logs left
+                run.sink.remove_unused()
 
 
-def _run_attempts(cfg: JobConfig, run: JobRun) -> int:
+def _run_attempts(cfg: JobConfig, run: JobRun, started: list[int]) -> int:
+    """Run the attempts; each one whose ranks all started is appended to ``started``."""
     run_id, sink, stop_flag, watchdog = run.run_id, run.sink, run.stop_flag, run.watchdog
     mark = run_id if run.local else None
     members: list[Member] = []
@@ -473,6 +491,7 @@ def _run_attempts(cfg: JobConfig, run: JobRun) -> int:
             try:
                 members = []
                 members = _start_attempt(cfg, attempt, run_id, sink, stop_flag, watchdog)
+                started.append(attempt)
                 failed, rank, code = _watch(members, stop_flag, sink)
             except Stopped as stop:
                 name = signal.Signals(stop.signum).name

@@ -25,9 +25,10 @@ import signal
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
+from ringtrain.errors import LaunchError
 from ringtrain.launch import reaper
 from ringtrain.launch.output import OutputSink
-from ringtrain.processes import Child, Stoppable, stop_sequence
+from ringtrain.processes import Child, Stoppable, start_failure, stop_sequence
 
 __all__ = ["Member", "Rank", "Worker", "stop_all", "stop_marked"]
 
@@ -98,7 +99,11 @@ class Rank(Child):
 
 
 class Worker(Rank):
-    """A local rank of ringrun: a :class:`Rank` whose output goes to the job's sink."""
+    """A local rank of ringrun: a :class:`Rank` whose output goes to the job's sink.
+
+    A command that cannot be started (exec format, permission, no file descriptors or
+    memory left) raises :class:`~ringtrain.errors.LaunchError`, one line naming the rank,
+    the reason and the fix; the caller stops the ranks started before it."""
 
     def __init__(
         self,
@@ -117,8 +122,20 @@ class Worker(Rank):
         self._sink = sink
         self._file = sink.open_for(rank, attempt)
         self.tail: collections.deque[bytes] = collections.deque(maxlen=5)
-        super().__init__(argv, env, cwd, pass_fds)
-        self.pump(self._write)
+        try:
+            super().__init__(argv, env, cwd, pass_fds)
+        except OSError as exc:  # exec format, permission, out of file descriptors or memory
+            sink.discard(self._file)  # its empty log: the rank never ran
+            raise LaunchError(start_failure(f"rank {rank} on {host}", argv, exc)) from None
+        try:
+            self.pump(self._write)
+        except BaseException as exc:
+            # Started but unwatched: the job does not know it yet, so end it here.
+            self.force_kill()
+            sink.close(self._file)
+            if isinstance(exc, RuntimeError):  # "can't start new thread"
+                raise LaunchError(start_failure(f"rank {rank}'s output thread", argv, exc)) from None
+            raise
 
     def _write(self, piece: bytes, partial: bool) -> None:
         # The sink never raises (see OutputSink.write): the pump keeps draining.

@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass
 from typing import IO
 
-from ringtrain.errors import ConfigError
+from ringtrain.errors import ConfigError, LaunchError
 
 __all__ = ["OutputFailure", "OutputSink", "check_output_dir"]
 
@@ -75,12 +75,24 @@ class OutputSink:
         self._stdout_dead = False
         self._dead_files: set[int] = set()
         self.failure: OutputFailure | None = None
-        if directory:
-            try:
-                os.makedirs(directory, exist_ok=True)
-            except OSError as exc:
-                raise ConfigError(f"--output-filename {directory}: cannot create the directory "
-                                  f"({exc.strerror}); choose another directory") from None
+        #: What this sink created (the directory and the folders above it that were
+        #: missing, the rank files), so that a job that never ran leaves none of it.
+        self._made_dirs: list[str] = []
+        self._made_files: list[str] = []
+
+    def _make_directory(self, directory: str) -> None:
+        # Created with the first rank's file, not before: a job that fails before any
+        # rank starts (an unreachable host) leaves no empty directory behind.
+        missing, probe = [], os.path.abspath(directory)
+        while not os.path.isdir(probe) and os.path.dirname(probe) != probe:
+            missing.append(probe)
+            probe = os.path.dirname(probe)
+        try:
+            os.makedirs(directory, exist_ok=True)
+        except OSError as exc:
+            raise ConfigError(f"--output-filename {directory}: cannot create the directory "
+                              f"({exc.strerror}); choose another directory") from None
+        self._made_dirs.extend(missing)  # deepest first
 
     @property
     def stdout(self) -> IO[bytes]:
@@ -89,13 +101,53 @@ class OutputSink:
     def open_for(self, rank: int, attempt: int) -> IO[bytes] | None:
         if not self.directory:
             return None
+        if not os.path.isdir(self.directory):
+            self._make_directory(self.directory)
         name = f"rank.{rank}.log" if attempt == 0 else f"rank.{rank}.attempt{attempt}.log"
         path = os.path.join(self.directory, name)
+        existed = os.path.exists(path)
         try:
-            return open(path, "ab")
+            file = open(path, "ab")
         except OSError as exc:
+            if exc.errno in (errno.EMFILE, errno.ENFILE):  # not the path: the process's limit
+                raise LaunchError(f"cannot open {path} for rank {rank}'s output ({exc.strerror}); "
+                                  "raise the open-file limit (ulimit -n) or start fewer ranks per "
+                                  "host") from None
             raise ConfigError(f"cannot open {path} for rank {rank}'s output ({exc.strerror}); "
                               "check --output-filename") from None
+        if not existed:
+            self._made_files.append(path)
+        return file
+
+    def discard(self, file: IO[bytes] | None) -> None:
+        """Close a rank's file whose rank never started; remove it if this sink created it
+        and nothing was written (an existing log being appended to stays)."""
+        if file is None:
+            return
+        self.close(file)
+        self._remove_if_empty(file.name if isinstance(file.name, str) else "")
+
+    def remove_unused(self) -> None:
+        """The job never ran: remove the empty files and directories this sink created
+        (``--output-filename`` leaves nothing behind for a job that failed to start)."""
+        for path in list(self._made_files):
+            self._remove_if_empty(path)
+        for folder in self._made_dirs:
+            try:
+                os.rmdir(folder)  # only when empty: what else is there stays
+            except OSError:
+                break
+        self._made_dirs.clear()
+
+    def _remove_if_empty(self, path: str) -> None:
+        if path not in self._made_files:
+            return
+        try:
+            if os.path.getsize(path) == 0:
+                os.unlink(path)
+                self._made_files.remove(path)
+        except OSError:
+            pass
 
     @staticmethod
     def close(file: IO[bytes] | None) -> None:

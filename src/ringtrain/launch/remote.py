@@ -17,8 +17,9 @@ import threading
 import time
 from typing import IO, Any
 
+from ringtrain.errors import LaunchError
 from ringtrain.launch.output import OutputSink
-from ringtrain.processes import PIECE_BYTES, die_with_parent
+from ringtrain.processes import PIECE_BYTES, die_with_parent, start_failure
 
 __all__ = ["HOST_LOST", "RemoteHost"]
 
@@ -36,7 +37,10 @@ class RemoteHost:
         self._argv = argv
         self._env = env
         self._sink = sink
-        self._files = {r: sink.open_for(r, attempt) for r in ranks}
+        self._attempt = attempt
+        #: Each rank's file under ``--output-filename``, opened with the spec: a host that
+        #: never comes up leaves no empty logs behind.
+        self._files: dict[int, IO[bytes] | None] = {}
         self.info: dict[str, Any] | None = None
         self.port: int | None = None
         self.error: str | None = None
@@ -61,10 +65,15 @@ class RemoteHost:
     def connect(self) -> None:
         """Start (or restart, after a refused connection) the ssh process."""
         self.ssh_tail.clear()
-        self.proc = subprocess.Popen(
-            self._argv, env=self._env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE, start_new_session=True, preexec_fn=die_with_parent,
-        )
+        try:
+            self.proc = subprocess.Popen(
+                self._argv, env=self._env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE, start_new_session=True, preexec_fn=die_with_parent,
+            )
+        except OSError as exc:  # ssh / srun missing, no file descriptors or memory left
+            raise LaunchError(start_failure(
+                f"the connection to host {self.host}", self._argv, exc,
+                missing=f"install {self._argv[0]} on this host or put it on PATH")) from None
         self._threads = [
             threading.Thread(target=self._read_agent, args=(self.proc.stdout,), daemon=True),
             threading.Thread(target=self._read_ssh, args=(self.proc.stderr,), daemon=True),
@@ -137,6 +146,8 @@ class RemoteHost:
         """The spec, or for a resizable job a reservation request or a control message."""
         if self.proc is None or self.proc.stdin is None or self.proc.stdin.closed:
             return
+        if "command" in spec and not self._files:  # before the agent can send output
+            self._files = {r: self._sink.open_for(r, self._attempt) for r in self.ranks}
         try:
             self.proc.stdin.write(json.dumps(spec).encode() + b"\n")
             self.proc.stdin.flush()

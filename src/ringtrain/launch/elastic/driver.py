@@ -635,9 +635,11 @@ def run_elastic(cfg: JobConfig) -> int:
 
         def cut_short() -> bool:
             return len(run.stop_flag) > signals_seen
+        launched = False
         try:
             try:
                 driver.start()
+                launched = True
                 code = driver.watch()
             except Stopped as stop:
                 say(f"received {signal.Signals(stop.signum).name}; stopping the job")
@@ -656,3 +658,5 @@ def run_elastic(cfg: JobConfig) -> int:
             stop_all(driver.members(), grace=cfg.stop_grace, run_id=run.run_id if local else None,
                      signum=signum, cut_short=cut_short)
             driver.close()
+            if not launched:  # the first world never ran: no empty logs left (job.run_fixed)
+                run.sink.remove_unused()

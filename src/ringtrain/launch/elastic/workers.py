@@ -23,7 +23,7 @@ from ringtrain.launch.agent import agent_grace, worker_extras
 from ringtrain.launch.elastic.worlds import WorkerOnHost, placements
 from ringtrain.launch.horovod_env import horovod_env
 from ringtrain.launch.hosts import Placement
-from ringtrain.launch.job import HostsDown, JobConfig, Stopped, reach_address, worker_env
+from ringtrain.launch.job import HostsDown, JobConfig, Stopped, reach_address, worker_env, working_directory
 from ringtrain.launch.members import Member, Worker
 from ringtrain.launch.output import OutputSink
 from ringtrain.launch.remote import RemoteHost
@@ -186,7 +186,7 @@ class JobWorkers:
                 env.update(self.overlay(places[w], size, rank0.addr, rank0.port, hvd, version))
                 env["RINGTRAIN_ELASTIC_FILE"] = self.procs[w].file
                 items.append({"rank": w, "local_size": places[w].local_size, "env": env})
-            host.remote.send_spec({"cwd": cfg.cwd or os.getcwd(), "command": list(cfg.command),
+            host.remote.send_spec({"cwd": working_directory(cfg), "command": list(cfg.command),
                                    "ranks": items, "listen": None,
                                    "heartbeat_timeout": cfg.heartbeat_timeout,
                                    "stop_grace": agent_grace(cfg.stop_grace)})
