@@ -104,3 +104,28 @@ def test_a_rank_at_exit_waits_for_a_slower_one_without_hvd_shutdown(tmp_path: Pa
     assert "did not stop" not in out and "terminate called" not in out, out[-2000:]
     assert sorted(line for line in res.stdout.splitlines() if "done" in line) == ["[0] done 0", "[1] done 1"]
     assert_no_orphans(marker)
+
+
+_RAISES = """
+import ringtrain.horovod as hvd
+hvd.init()
+if hvd.rank() == 1:
+    raise ValueError("bad batch on rank 1")
+hvd.barrier()  # rank 0 waits for rank 1, which will never come
+"""
+
+
+@pytest.mark.timeout(60)
+def test_a_rank_that_raises_ends_the_job_without_waiting_for_the_others(tmp_path: Path) -> None:
+    """At exit the coordinator's shutdown is collective (above); a rank that dies on an
+    exception must not wait for it: rank 0 sits in its barrier and never asks. It waited
+    the stall timeout (600 s here), where Horovod's ranks fail at once."""
+    script = tmp_path / "raises.py"
+    script.write_text(_RAISES)
+    marker = new_marker()
+    res = subprocess.run([HOROVODRUN, "-np", "2", "python", str(script)], capture_output=True,
+                         text=True, timeout=50, env=env_for(marker, RINGTRAIN_STALL_TIMEOUT="600"))
+    out = res.stdout + res.stderr
+    assert res.returncode == 1, out[-2000:]
+    assert "ValueError: bad batch on rank 1" in out and "did not stop" not in out, out[-2000:]
+    assert_no_orphans(marker)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -133,11 +134,30 @@ def _at_exit() -> None:
     # interpreter tears down the groups it is blocked on.
     # The shutdown is collective: a rank that is still training (a slower one, or one
     # writing a checkpoint) asks for it later, so wait as long as any exchange may.
-    if _engine is not None:
+    if _engine is None:
+        return
+    if _ending_on_an_exception():
+        # The job is failing: the others are often waiting for this rank's next operation
+        # and would not ask for the shutdown, so waiting for them held the failure for the
+        # stall timeout (60 s). Horovod's ranks fail at once; leave without them, and the
+        # launcher, seeing this rank's status, stops the rest.
         try:
-            _engine.shutdown(timeout=max(runtime.settings().stall_timeout, 30.0))
+            _engine.abort("a rank is exiting on an uncaught exception", timeout=2.0)
         except Exception:  # noqa: BLE001 - exiting anyway
             pass
+        if _engine._thread.is_alive():  # in the backend with a peer: no teardown (exit guard)
+            runtime.mark_broken("a rank exited on an uncaught exception")
+        return
+    try:
+        _engine.shutdown(timeout=max(runtime.settings().stall_timeout, 30.0))
+    except Exception:  # noqa: BLE001 - exiting anyway
+        pass
+
+
+def _ending_on_an_exception() -> bool:
+    """Whether the interpreter is exiting because the script raised (it printed the
+    traceback and kept the exception in ``sys.last_value``, ``sys.last_exc`` from 3.12)."""
+    return getattr(sys, "last_exc", None) is not None or getattr(sys, "last_value", None) is not None
 
 
 def is_initialized() -> bool:
