@@ -60,7 +60,6 @@ def test_a_failing_rank_fails_the_call(marked: str) -> None:
     assert_no_orphans(marked)
 
 
-@pytest.mark.system  # one more launch: the fast tier has the stdout path
 @pytest.mark.timeout(120)
 def test_values_come_back_from_rank_files(marked: str, tmp_path: Path) -> None:
     def rank() -> int:

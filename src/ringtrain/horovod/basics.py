@@ -88,6 +88,7 @@ def init(comm: Any = None, process_sets: Sequence[ProcessSet] | str | None = Non
     runtime.add_sever_hook(_world_over)
     if not _atexit:
         atexit.register(_at_exit)
+        _watch_uncaught()
         _atexit = True
 
 
@@ -154,10 +155,26 @@ def _at_exit() -> None:
         pass
 
 
+_uncaught = False  # sys.excepthook saw the script's own exception (it is ending on it)
+
+
 def _ending_on_an_exception() -> bool:
-    """Whether the interpreter is exiting because the script raised (it printed the
-    traceback and kept the exception in ``sys.last_value``, ``sys.last_exc`` from 3.12)."""
-    return getattr(sys, "last_exc", None) is not None or getattr(sys, "last_value", None) is not None
+    """Whether the interpreter is exiting because the script raised. Not from
+    ``sys.last_value``: pytest sets it for every failed test of a suite that goes on."""
+    return _uncaught
+
+
+def _watch_uncaught() -> None:
+    """Note an exception the script did not catch, then report it as before (a script
+    that sets its own ``sys.excepthook`` later keeps the waiting shutdown)."""
+    previous = sys.excepthook
+
+    def hook(kind: type[BaseException], value: BaseException, tb: Any) -> None:
+        global _uncaught
+        _uncaught = True
+        previous(kind, value, tb)
+
+    sys.excepthook = hook
 
 
 def is_initialized() -> bool:
