@@ -58,7 +58,6 @@ def main() -> int:
     rank = _rank()
     out = sys.stdout.buffer
     sys.stdout.flush()
-    out.write(b"\n")  # the value's lines start lines of their own, after any unended print
     for i, piece in enumerate(pieces):
         out.write(f"{token}{rank}:{i}:{len(pieces)}:".encode() + piece + b"\n")
     out.flush()

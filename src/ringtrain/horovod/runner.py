@@ -35,8 +35,8 @@ FUNC_ENV, FUNC_FILE_ENV, TOKEN_ENV = ("RINGTRAIN_RUN_FUNC", "RINGTRAIN_RUN_FUNC_
 # Linux refuses to start a process one of whose environment strings exceeds 128 KiB
 # (MAX_ARG_STRLEN); larger functions go through a file.
 _INLINE_LIMIT = 96 << 10
-# An empty line of one rank ("[3] " under horovodrun's prefixes).
-_BLANK = re.compile(rb"^\[\d+\] ?\r?\n$")
+# One rank's line prefix under horovodrun ("[3] ").
+_PREFIX = re.compile(rb"\[\d+\] ?")
 # Result lines stay under ringrun's 64 KiB output pieces, so none is split.
 CHUNK = 32 << 10
 
@@ -163,27 +163,16 @@ def _drive(cmd: list[str], env: dict[str, str], token: str) -> tuple[int, dict[i
         errs = threading.Thread(target=pass_stderr, daemon=True)
         errs.start()
         assert proc.stdout is not None
-        held: dict[bytes, bytes] = {}  # a rank's empty line, until its next line shows
         for raw in proc.stdout:
             at = raw.find(marker)
-            prefix = raw[:at].strip() if at >= 0 else _BLANK.match(raw) and raw.strip()
-            if prefix:
-                # the task starts its value on a new line; that empty line is its, not
-                # the function's, when the value follows
-                blank = held.pop(prefix, b"")
-                if at < 0:
-                    if blank:
-                        sys.stdout.write(blank.decode(errors="replace"))
-                    held[prefix] = raw
-                    continue
-            elif at < 0:
+            if at < 0:
                 sys.stdout.write(raw.decode(errors="replace"))
-                sys.stdout.flush()
-                continue
-            _take(raw[at + len(marker):], parts, counts)
-        for blank in held.values():
-            sys.stdout.write(blank.decode(errors="replace"))
-        sys.stdout.flush()
+            else:
+                head = raw[:at]  # the rank's prefix, and a print the function did not end
+                if head and not _PREFIX.fullmatch(head):
+                    sys.stdout.write(head.decode(errors="replace") + "\n")
+                _take(raw[at + len(marker):], parts, counts)
+            sys.stdout.flush()
         code = proc.wait()
         errs.join(5)
         last = err_lines[-1] if err_lines else ""
