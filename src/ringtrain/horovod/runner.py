@@ -97,11 +97,8 @@ def run(func: Callable[..., Any], args: Sequence[Any] = (), kwargs: dict[str, An
         network_interfaces = network_interface.split(",")
     if num_proc is None and min_num_proc is None and host_discovery_script is None:
         num_proc = 1  # Horovod's default
-    try:
-        import cloudpickle
-    except ImportError:
-        raise ImportError("hvd.run pickles the function with cloudpickle, as Horovod does: "
-                          "pip install cloudpickle") from None
+    import cloudpickle  # a dependency of ringtrain; pickles __main__'s functions by value
+
     payload = cloudpickle.dumps((func, tuple(args), dict(kwargs or {})))
     token = secrets.token_hex(16)
     env = dict(os.environ, **{TOKEN_ENV: token})
@@ -130,7 +127,7 @@ def run(func: Callable[..., Any], args: Sequence[Any] = (), kwargs: dict[str, An
     if code != 0:
         raise RuntimeError(f"the hvd.run job failed (horovodrun exited with {code})"
                            + (f": {last}" if last else ""))
-    if not results and output_filename and code == 0:
+    if not results and output_filename:
         results = _from_files(output_filename, token)  # the ranks' output went to files
     if not results:
         raise RuntimeError("the hvd.run job ended without any process returning a value")

@@ -34,6 +34,10 @@ class Native(Strategy):
         # The result is written outside autograd, as torch's dist.all_reduce writes it: a
         # parameter reduced in place was left holding the *sum* (the backend had written
         # it) when the division by size() raised for a leaf that requires grad.
+        # Only then: a detached alias is a second tensor on the storage, and
+        # inflight.hold keeps it past the exchange, so fusion's reference count
+        # (_held_elsewhere) would take it for a kept gradient and pack every step
+        # into a new buffer.
         out = tensor.detach() if tensor.requires_grad else tensor
         # The same staging as rt.allreduce: under NCCL a CPU tensor travels via the GPU.
         comm = collectives.staged(out)
