@@ -48,7 +48,8 @@ from ringtrain.agreement.ranks import settle
 from ringtrain.errors import CheckpointError, first_line
 
 __all__ = [
-    "SHARDED_SUFFIX", "SUFFIX", "is_final_name", "latest", "load", "load_sharded", "remove_stale_temps", "save",
+    "SHARDED_SUFFIX", "SUFFIX", "is_final_name", "latest", "load", "load_sharded", "read", "remove_stale_temps",
+    "save",
     "save_sharded", "verify", "verify_sharded",
 ]
 
@@ -268,6 +269,15 @@ def _unpickle(payload: bytes, path: Path, weights_only: bool, map_location: Any)
         ) from None
 
 
+def read(
+    path: str | os.PathLike[str], weights_only: bool = True, map_location: Any = "cpu"
+) -> Any:
+    """Read a checkpoint in this process alone: no collective, any rank may call it at any
+    time (its file system must hold the file). Verified and loaded as :func:`load` does."""
+    target = Path(path)
+    return _unpickle(_read_verified(target), target, weights_only, map_location)
+
+
 def load(
     path: str | os.PathLike[str], weights_only: bool = True, map_location: Any = "cpu"
 ) -> Any:
@@ -278,7 +288,7 @@ def load(
     """
     target = Path(path)
     if not _distributed():
-        return _unpickle(_read_verified(target), target, weights_only, map_location)
+        return read(target, weights_only, map_location)
     from ringtrain.collectives import allgather_object, broadcast_
 
     payload: bytes | None = None

@@ -1,9 +1,10 @@
-"""Resumable.save with rt.LocalSGD on 2 Gloo ranks: only rank 0, which writes the file,
-receives the ranks' local states (parameters and momentum between syncs); rank 1 sends
-its own and receives none of rank 0's. Before, the save gathered them on every rank
-(allgather_object): N copies of the model's local state in each rank's memory per save.
-The file is the one the allgather wrote, byte for byte, a resume from it is exact, and
-a state one rank cannot pickle is the same one-line error on both ranks.
+"""Resumable.save and resume with rt.LocalSGD on 2 Gloo ranks: only rank 0, which writes
+the file, receives the ranks' local states (parameters and momentum between syncs);
+rank 1 sends its own and receives none of rank 0's. On resume rank 0 reads the file and
+rank 1 receives the shared state and its own local state, not rank 0's (a broadcast of
+the file would put N copies of the model's local state in each rank's memory). The file
+is the one the allgather wrote, byte for byte, a resume from it is exact, and a state
+that cannot be pickled is the same one-line error on both ranks.
 """
 
 from __future__ import annotations
@@ -40,12 +41,13 @@ def _train(model: nn.Module, opt: Any, steps: range, rank: int) -> None:
 
 
 def _received_while(call: Any) -> tuple[Any, int]:
-    """``call()``'s result and the bytes this rank received from others in gathers and
-    broadcasts meanwhile (what a gather puts in memory here)."""
+    """``call()``'s result and the bytes this rank received from others in gathers,
+    scatters and broadcasts meanwhile (what they put in memory here)."""
     import torch.distributed as dist
 
     got = [0]
     real_all_gather, real_gather, real_broadcast = dist.all_gather, dist.gather, dist.broadcast
+    real_scatter = dist.scatter
 
     def all_gather(outs: list[torch.Tensor], t: torch.Tensor, *a: Any, **k: Any) -> Any:
         got[0] += sum(o.numel() * o.element_size() for o in outs) - t.numel() * t.element_size()
@@ -61,17 +63,23 @@ def _received_while(call: Any) -> tuple[Any, int]:
             got[0] += t.numel() * t.element_size()
         return real_broadcast(t, src, *a, **k)
 
-    dist.all_gather, dist.gather, dist.broadcast = all_gather, gather, broadcast
+    def scatter(t: torch.Tensor, scatter_list: list[torch.Tensor] | None = None, *a: Any, **k: Any) -> Any:
+        if not scatter_list:
+            got[0] += t.numel() * t.element_size()
+        return real_scatter(t, scatter_list, *a, **k)
+
+    dist.all_gather, dist.gather, dist.broadcast, dist.scatter = all_gather, gather, broadcast, scatter
     try:
         return call(), got[0]
     finally:
         dist.all_gather, dist.gather, dist.broadcast = real_all_gather, real_gather, real_broadcast
+        dist.scatter = real_scatter
 
 
 def _world(directory: str) -> dict[str, Any]:
     import ringtrain as rt
     from ringtrain import checkpoint, collectives
-    from ringtrain.elastic.gather import gather_to_root
+    from ringtrain.elastic.gather import gather_to_root, scatter_from_root
     from ringtrain.elastic.resume import _local_state, _rng_state
     from ringtrain.errors import ConfigError
 
@@ -101,7 +109,8 @@ def _world(directory: str) -> dict[str, Any]:
 
     model, opt = _build(1)  # other weights: the resume must bring back rank's own
     state = rt.elastic.Resumable(f"{directory}/new", model=model, optimizer=opt, every=1000)
-    start = state.resume()
+    start, resume_received = _received_while(state.resume)
+    file_bytes = Path(path if path is not None else checkpoint.latest(f"{directory}/new")).stat().st_size
     _train(model, opt, range(start, 5), rank)
     exact = all(torch.equal(a, b) for a, b in zip(straight, model.parameters(), strict=True))
 
@@ -113,9 +122,16 @@ def _world(directory: str) -> dict[str, Any]:
         error = ""
     except ConfigError as exc:
         error = str(exc)
+    try:
+        scatter_from_root([1, threading.Lock()] if rank == 0 else None, name="elastic.resume")
+        scatter_error = ""
+    except ConfigError as exc:
+        scatter_error = str(exc)
     return {"received": received, "local_bytes": local_bytes, "saved": path is not None,
             "same_file": same_file, "start": start, "exact": exact, "error": error,
-            "after": gather_to_root(rank, name="after")}
+            "resume_received": resume_received, "file_bytes": file_bytes, "scatter_error": scatter_error,
+            "after": gather_to_root(rank, name="after"),
+            "scattered": scatter_from_root(["a", "b"] if rank == 0 else None, name="after")}
 
 
 @pytest.mark.timeout(60)
@@ -131,5 +147,12 @@ def test_only_rank0_receives_the_local_states_and_resume_stays_exact(tmp_path: A
         assert r["start"] == 3 and r["exact"], r
         assert r["error"] == ("gather of 'elastic.save' on rank 1 cannot pickle lock: "
                               "cannot pickle '_thread.lock' object"), r["error"]
+    # The resume: rank 1 receives the file less rank 0's local state (the model, the
+    # optimizer's shared state and its own local state), where a broadcast sends it all.
+    assert other["resume_received"] <= other["file_bytes"] - root["local_bytes"] * 0.8, other
+    for r in (root, other):
+        assert r["scatter_error"] == ("scatter of 'elastic.resume for rank 1' on rank 0 cannot pickle "
+                                      "lock: cannot pickle '_thread.lock' object"), r["scatter_error"]
     assert (root["after"], other["after"]) == ([0, 1], None)
+    assert (root["scattered"], other["scattered"]) == ("a", "b")
 

@@ -1,12 +1,14 @@
-"""Every rank's object on rank 0 only: what :meth:`Resumable.save` collects.
+"""Per-rank objects between rank 0 and the ranks, without every rank receiving every
+rank's: what :class:`Resumable` saves and resumes.
 
-Before, the save gathered each rank's state with ``collectives.allgather_object``, so every
-rank received every rank's: with ``rt.LocalSGD``/``rt.DiLoCo`` (parameters and inner
-optimizer state per rank) that was N copies of the model's state in each rank's memory
-at every save, although only rank 0 writes the file (1 GB of local state on 8 ranks: 8 GB
-more on each rank). Here only the pickled sizes (8 bytes per rank) go to every rank; the
-bytes go to rank 0 alone (``dist.gather``), in tensors held until Gloo lets go of them
-(:mod:`ringtrain.inflight`), like ringtrain's own collectives.
+:func:`gather_to_root` collects each rank's object on rank 0 alone (``dist.gather``) and
+:func:`scatter_from_root` hands each rank its own from rank 0 (``dist.scatter``). With
+``allgather_object``/``broadcast_object`` every rank would hold every rank's: with
+``rt.LocalSGD``/``rt.DiLoCo`` (parameters and inner optimizer state per rank) N copies
+of the model's state in each rank's memory (1 GB of local state on 8 ranks: 8 GB more
+on each). Only the pickled sizes (8 bytes per rank) go to every rank; the bytes travel
+in tensors held until Gloo lets go of them (:mod:`ringtrain.inflight`), like
+ringtrain's own collectives.
 
 An object some rank cannot pickle is the same one-line ConfigError on every rank, as
 with ``allgather_object``.
@@ -23,14 +25,14 @@ import torch.distributed as dist
 from ringtrain import collectives, inflight, runtime
 from ringtrain.errors import CollectiveError, ConfigError, first_line
 
-__all__ = ["gather_to_root"]
+__all__ = ["gather_to_root", "scatter_from_root"]
 
 
-def _pickled(obj: Any, label: str, rank: int) -> tuple[bytes, str | None]:
+def _pickled(obj: Any, label: str, rank: int, verb: str = "gather") -> tuple[bytes, str | None]:
     try:
         return pickle.dumps(obj), None
     except Exception as exc:  # noqa: BLE001 - pickle raises TypeError, PicklingError, AttributeError...
-        return b"", f"gather of {label!r} on rank {rank} cannot pickle {type(obj).__name__}: {first_line(exc, None)}"
+        return b"", f"{verb} of {label!r} on rank {rank} cannot pickle {type(obj).__name__}: {first_line(exc, None)}"
 
 
 def gather_to_root(obj: Any, name: str) -> list[Any] | None:
@@ -64,3 +66,47 @@ def gather_to_root(obj: Any, name: str) -> list[Any] | None:
     if outs is None:
         return None
     return [pickle.loads(out[:n].cpu().numpy().tobytes()) for out, n in zip(outs, lengths, strict=True)]
+
+
+def scatter_from_root(objs: list[Any] | None, name: str) -> Any:
+    """Rank ``r``'s object of rank 0's ``objs`` (one per rank, by rank), on each rank;
+    the other ranks pass None. Every rank must call it."""
+    size, rank = runtime.size(), runtime.rank()
+    if rank == 0 and (objs is None or len(objs) != size):
+        raise ValueError(f"scatter of {name!r}: rank 0 must pass one object per rank ({size})")
+    if size == 1:
+        return objs[0] if objs is not None else None
+    raws: list[bytes] = []
+    problem: str | None = None
+    if rank == 0 and objs is not None:
+        for r, obj in enumerate(objs):
+            raw, problem = _pickled(obj, f"{name} for rank {r}", 0, "scatter")
+            if problem is not None:
+                break
+            raws.append(raw)
+    lengths_t = torch.tensor([len(r) for r in raws] if problem is None and raws else [0] * size,
+                             dtype=torch.int64)
+    if rank == 0 and problem is not None:
+        lengths_t.fill_(-1)
+    lengths = collectives.broadcast(lengths_t, root_rank=0, name=f"{name} (sizes)").tolist()
+    if min(lengths) < 0:
+        raise ConfigError(collectives.broadcast_object(problem, root_rank=0, name=f"{name} (errors)"))
+    # Padded to the longest, as dist.scatter wants one shape (the ranks' states differ by
+    # a few bytes at most: the same model and optimizer everywhere).
+    longest = max(max(lengths), 1)
+    outs: list[torch.Tensor] | None = None
+    if rank == 0:
+        outs = []
+        for raw in raws:
+            padded = torch.zeros(longest, dtype=torch.uint8)
+            if raw:
+                padded[: len(raw)] = torch.frombuffer(bytearray(raw), dtype=torch.uint8)
+            outs.append(collectives.staged(padded))
+        raws.clear()
+    recv = collectives.staged(torch.empty(longest, dtype=torch.uint8))
+    inflight.hold(recv, *(outs or []))
+    try:
+        dist.scatter(recv, scatter_list=outs, src=0)
+    except RuntimeError as exc:
+        raise CollectiveError(f"scatter of {name!r} failed on rank {rank}: {first_line(exc, None)}") from exc
+    return pickle.loads(recv[: lengths[rank]].cpu().numpy().tobytes())

@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from ringtrain import checkpoint, collectives, replicate, runtime
-from ringtrain.elastic.gather import gather_to_root
+from ringtrain.elastic.gather import gather_to_root, scatter_from_root
 from ringtrain.elastic.resize import follow_world, hosts_updated, resizable
 from ringtrain.elastic.state import ElasticState, HostsUpdated, Stateful, copy_states, load_states
 from ringtrain.errors import CheckpointError, ConfigError
@@ -167,19 +167,17 @@ class Resumable(ElasticState):
                     collectives.broadcast_(tensor, root_rank=0, name=f"elastic.init {name}")
             self.start_step = self.step = self._last_done = 0
             return 0
-        state = checkpoint.load(path)  # safe: only what Resumable itself saves
+        state, mine, saved_ranks, first_loader = self._read(path, size, rank)
         self._check_fits(path, state)
         self.model.load_state_dict(state["model"])
         if self.optimizer is not None and state.get("optimizer") is not None:
             self.optimizer.load_state_dict(state["optimizer"])
-        per_rank = state.get("per_rank") or []
-        mine = per_rank[rank] if len(per_rank) == size else None
-        if mine is None and per_rank:
+        if mine is None and saved_ranks:
             log.warning("checkpoint %s was written by %d ranks, this job has %d: loader positions "
                         "come from rank 0, random generators are not restored, and the learning "
                         "rates (optimizer, scheduler) are those saved for %d ranks: set them for "
                         "this size after resume() if they scale with it (rt.scale_lr)",
-                        path, len(per_rank), size, len(per_rank))
+                        path, saved_ranks, size, saved_ranks)
         if self.optimizer is not None:
             _load_local_state(self.optimizer, (mine or {}).get("optimizer"))
         # After the optimizer: a scheduler's state names the rates it set in it.
@@ -187,7 +185,7 @@ class Resumable(ElasticState):
             if getattr(self, part) is not None:
                 getattr(self, part).load_state_dict(state[part])
         if self.loader is not None:
-            loader_state = (mine or per_rank[0])["loader"] if per_rank else None
+            loader_state = mine["loader"] if mine is not None else first_loader
             if loader_state is not None:
                 self.loader.load_state_dict(loader_state)
         if mine is not None:
@@ -197,6 +195,36 @@ class Resumable(ElasticState):
         self.resumed_from = path
         log.info("resumed from %s at step %d", path, self.start_step)
         return self.start_step
+
+    def _read(self, path: Path, size: int, rank: int) -> tuple[Any, dict[str, Any] | None, int, Any]:
+        """The checkpoint's shared state (without the per-rank part), this rank's own
+        state (None when the file was written by another number of ranks), how many ranks
+        wrote it, and rank 0's loader state (what every rank resumes from then).
+
+        Rank 0 reads the file; every rank gets the shared state and only its own per-rank
+        state (with rt.LocalSGD/rt.DiLoCo that is each rank's parameters and inner
+        optimizer state: the whole file on every rank would be N copies of it)."""
+        state: Any = None
+        error: str | None = None
+        if rank == 0:
+            try:
+                state = checkpoint.read(path)  # safe: only what Resumable itself saves
+            except CheckpointError as exc:
+                error = str(exc)
+        per_rank = (state.pop("per_rank", None) if isinstance(state, dict) else None) or []
+        saved = len(per_rank)
+        first_loader = per_rank[0].get("loader") if per_rank and saved != size else None
+        if size > 1:
+            head = (error, state, saved, first_loader) if rank == 0 else None
+            error, state, saved, first_loader = collectives.broadcast_object(head, root_rank=0,
+                                                                             name="elastic.resume state")
+        if error is not None:
+            raise CheckpointError(error)
+        if saved != size:
+            return state, None, saved, first_loader
+        mine = scatter_from_root(per_rank if rank == 0 else None, name="elastic.resume per-rank") \
+            if size > 1 else per_rank[0]
+        return state, mine, saved, first_loader
 
     def _find(self) -> dict[str, str | None]:
         """Rank 0's choice: the newest intact checkpoint, or why there is none to use.
