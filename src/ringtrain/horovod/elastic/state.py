@@ -1,9 +1,13 @@
 """``hvd.elastic`` states: what a job commits, restores after a failure and syncs to
 every rank.
 
-``commit()`` keeps a copy in memory (``restore()`` returns to it), then asks whether the
-job's hosts changed (:meth:`State.check_host_updates`). In a resizable job
-(``--min-np/--max-np``) that copy is all a resize needs. In a fixed-size job that
+``commit()`` keeps the state in memory, as Horovod's states do (copies of the models',
+optimizers' and samplers' state dicts; the plain values themselves, see
+:class:`ObjectState`), then asks whether the job's hosts changed
+(:meth:`State.check_host_updates`). ``restore()`` returns to it; ``sync()`` gives every
+rank rank 0's models, optimizers and samplers as they are now and rank 0's plain values
+as last committed. In a resizable job (``--min-np/--max-np``) the commit in memory is
+all a resize needs. In a fixed-size job that
 recovers by restarting (``horovodrun``/``ringrun --max-restarts K``) rank 0 also writes
 it to ``RINGTRAIN_ELASTIC_DIR`` (default ``.ringtrain-elastic/<run id>``) atomically, at
 most every ``RINGTRAIN_ELASTIC_PERSIST_S`` seconds (default 1; 0: every commit), so
@@ -131,7 +135,16 @@ class State(ElasticState):
 
 
 class ObjectState(State):
-    """Plain values as attributes (``state.epoch``), synced from rank 0."""
+    """Plain values as attributes (``state.epoch``), Horovod's ``ObjectState``.
+
+    As in Horovod, a commit keeps the values themselves, not copies: ``restore()`` sets
+    each attribute back to the object it held at the last commit (a value rebound since,
+    ``state.epoch = 3``, goes back; a list or dict changed in place stays as it is now),
+    and ``sync()`` sets every rank's attributes to rank 0's last committed values, so
+    what was assigned since is dropped, on rank 0 too. Before the first commit that is
+    the state's keyword arguments: an attribute assigned between building the state and
+    :func:`ringtrain.horovod.elastic.run` is reset to its keyword's value by the first
+    sync."""
 
     def __init__(self, bcast_object: Callable[..., Any] | None = None,
                  get_rank: Callable[[], int] | None = None, **kwargs: Any) -> None:
@@ -156,17 +169,19 @@ class ObjectState(State):
         return isinstance(value, ElasticSampler)
 
     def save(self) -> None:
-        self._saved = copy.deepcopy(self._values())
+        self._saved = self._values()
 
     def restore(self) -> None:
-        for k, v in copy.deepcopy(self._saved).items():
-            setattr(self, k, v)
+        self._set_saved()
 
     def sync(self) -> None:
-        values = self._bcast(self._values() if self._get_rank() == 0 else None, 0)
-        for k, v in values.items():
+        if self._saved:  # the same keys on every rank: all skip it or none
+            self._saved = self._bcast(self._saved, 0)
+            self._set_saved()
+
+    def _set_saved(self) -> None:
+        for k, v in self._saved.items():
             setattr(self, k, v)
-        self.save()
 
     def snapshot(self) -> dict[str, Any]:
         return {"objects": copy.deepcopy(self._saved)}
@@ -191,6 +206,22 @@ class TorchState(ObjectState):
         self._torch_keys = [k for k, v in kwargs.items() if _is_torch_part(v)]
         self._saved_torch: dict[str, Any] = {}
         super().__init__(**kwargs)
+        self._tracking = True
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        """Horovod's: a model, optimizer or sampler the state keeps, replaced by another
+        (``state.optimizer = new_optimizer``), is the one saved, restored and synced from
+        now on, and its state now is its commit (``restore()`` must not load the old
+        object's state into it)."""
+        super().__setattr__(name, value)
+        if not self.__dict__.get("_tracking"):
+            return
+        if name in self._samplers and isinstance(value, ElasticSampler):
+            self._samplers[name] = value
+            self._saved_torch["samplers"][name] = value.state_dict()
+        elif name in ("model", "optimizer") or name in self._torch_keys:
+            key = name if name in ("model", "optimizer") else f"kwargs.{name}"
+            self._saved_torch.update(copy_states({key: value}))
 
     def _handled(self, value: Any) -> bool:
         return super()._handled(value) or _is_torch_part(value)
@@ -208,7 +239,10 @@ class TorchState(ObjectState):
 
     def restore(self) -> None:
         super().restore()
-        self._apply(self._saved_torch)
+        # A copy: an optimizer's load_state_dict keeps the tensors it is given (Adam's
+        # moments, its step) and the next steps change them in place, so a second
+        # restore() before the next commit would go back to those steps, not the commit.
+        self._apply(copy.deepcopy(self._saved_torch))
 
     def _apply(self, saved: dict[str, Any]) -> None:
         load_states(self._parts(), saved)
