@@ -6,7 +6,9 @@ torch, and worker-side code (the loader) uses it without the launcher.
 - :class:`Child`: a process in a session (process group) of its own, so stopping it
   also stops what it started (data-loader workers, shells); killed by the kernel when
   its parent dies (``PR_SET_PDEATHSIG``, :func:`die_with_parent`); its output (stdout
-  and stderr together) read by a pump thread in bounded pieces (:func:`pieces`).
+  and stderr together) read by a pump thread in bounded pieces (:func:`pieces`); the
+  moment it exited noted by a waiter thread (:attr:`Child.exited_at`), so a launcher
+  can tell which of several processes failed first.
 - :func:`stop_sequence`: the one way to stop processes: ask every member at once, wait
   until none is alive or the grace period is over, kill what is left and reap it. A
   member is anything :class:`Stoppable`: a :class:`Child`, a remote host's agent
@@ -28,7 +30,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import IO, Any, Protocol
 
 __all__ = ["PIECE_BYTES", "Child", "PlainProcess", "SpawnedProcess", "Stoppable", "die_with_parent",
-           "pieces", "start_failure", "stop_sequence"]
+           "pieces", "start_failure", "start_failure_repeats", "stop_sequence"]
 
 #: Seconds a killed process has to be reaped.
 REAP_S = 2.0
@@ -72,6 +74,21 @@ _START_FIXES = {
     errno.EAGAIN: "raise the process limit (ulimit -u), free memory, or start fewer ranks per host",
     errno.E2BIG: "the command line and environment are too long; shorten them (fewer -x variables)",
 }
+
+
+#: Start failures that come from this host's state at the moment (file descriptors,
+#: memory, processes): another try may succeed. Every other one (no such program, not
+#: executable, a bad '#!' line, an environment too long) repeats until someone changes
+#: the program, the file system or the command line.
+_PASSING_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.EAGAIN})
+
+
+def start_failure_repeats(exc: BaseException) -> bool:
+    """Whether a process that could not be started (``exc``, the error ``Popen`` or
+    ``Thread.start`` raised) would fail the same way on every further try."""
+    if isinstance(exc, OSError):
+        return exc.errno not in _PASSING_ERRNOS
+    return False  # threading's "can't start new thread": out of threads or memory, for now
 
 
 def start_failure(what: str, argv: Sequence[str], exc: BaseException, missing: str | None = None) -> str:
@@ -119,6 +136,9 @@ class Child:
             preexec_fn=die_with_parent,
         )
         self._pump: threading.Thread | None = None
+        #: ``time.monotonic()`` when the process was first known to have exited (by the
+        #: waiter thread :meth:`pump` starts, else by :meth:`poll`); None while it runs.
+        self.exited_at: float | None = None
 
     @property
     def pid(self) -> int:
@@ -138,6 +158,23 @@ class Child:
 
         self._pump = threading.Thread(target=copy, daemon=True)
         self._pump.start()
+        # The poll loops that watch a job look every few tens of milliseconds, in a fixed
+        # order: two ranks that exit between two looks would be told apart by their
+        # rank, not by who went first. The waiter wakes when the process exits.
+        threading.Thread(target=self._note_exit, daemon=True).start()
+
+    def _note_exit(self) -> None:
+        if self.proc.returncode is None:
+            try:
+                # WNOWAIT: leave the exit status to Popen, which reaps the process.
+                os.waitid(os.P_PID, self.proc.pid, os.WEXITED | os.WNOWAIT)
+            except OSError:  # reaped already by poll(), which noted the time
+                return
+        self._noted(time.monotonic())
+
+    def _noted(self, when: float) -> None:
+        if self.exited_at is None or when < self.exited_at:
+            self.exited_at = when
 
     def join_output(self, timeout: float) -> None:
         """Wait (bounded) until the output is drained: its last lines come before its exit."""
@@ -145,10 +182,13 @@ class Child:
             self._pump.join(timeout)
 
     def poll(self) -> int | None:
-        return self.proc.poll()
+        code = self.proc.poll()
+        if code is not None and self.exited_at is None:
+            self._noted(time.monotonic())
+        return code
 
     def alive(self) -> bool:
-        return self.proc.poll() is None
+        return self.poll() is None
 
     def request_stop(self) -> None:
         # The whole group, even when the leader has exited: what it started may still run.

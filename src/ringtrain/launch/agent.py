@@ -27,6 +27,9 @@ ringrun <- agent   ``L <port>``       rank 0's rendezvous port is reserved (boun
                                       newline ending this protocol line is not in it)
                    ``X <rank> <code>``  a worker exited (negative: killed by that signal)
                    ``E <message>``    the agent could not do what the spec asked
+                   ``F <message>``    as ``E``, for a rank that could not be started and
+                                      would not be on another try (no such program, not
+                                      executable, a bad '#!' line): no restart helps
 
 A resizable job (``ringrun --min-np/--max-np``, :mod:`ringtrain.launch.elastic`) names
 workers by a number of their own instead of ``<rank>`` (ranks change as the job does)
@@ -67,7 +70,7 @@ from ringtrain.cpus import cpu_count  # noqa: E402
 from ringtrain.errors import ConfigError  # noqa: E402
 from ringtrain.launch import reaper  # noqa: E402
 from ringtrain.launch.members import Rank, stop_marked  # noqa: E402
-from ringtrain.processes import start_failure  # noqa: E402
+from ringtrain.processes import start_failure, start_failure_repeats  # noqa: E402
 
 __all__ = ["agent_grace", "info", "main", "worker_extras"]
 
@@ -196,10 +199,12 @@ class _Agent:
             try:
                 proc = Rank(spec["command"], env, cwd=cwd or None, pass_fds=fds)
             except OSError as exc:  # the caller stops the ranks started before this one
+                # "label": a resizable job's worker number is not its rank (see above).
                 raise _Refused(start_failure(
-                    f"rank {rank} on host {socket.gethostname()}", spec["command"], exc,
+                    f"{item.get('label') or f'rank {rank}'} on host {socket.gethostname()}",
+                    spec["command"], exc,
                     missing="check PATH there (pass it with -x PATH) and a script's '#!' "
-                            "interpreter")) from None
+                            "interpreter"), repeats=start_failure_repeats(exc)) from None
             self.procs[rank] = proc
             if rank in self.reserved:
                 self.reserved.pop(rank).close()  # the worker holds its own copy
@@ -231,12 +236,13 @@ class _Agent:
             if self.stopping.is_set():
                 self.stop()
             self._relay_acks()
-            for rank, proc in self.procs.items():
-                code = proc.poll()
-                if code is not None and rank not in reported:
-                    proc.join_output(1.0)  # its last lines before its exit
-                    reported[rank] = code
-                    self.send(f"X {rank} {code}".encode())
+            exited = [(rank, proc, code) for rank, proc in self.procs.items()
+                      if rank not in reported and (code := proc.poll()) is not None]
+            # In the order they exited, which ringrun takes for the order they failed in.
+            for rank, proc, code in sorted(exited, key=lambda e: e[1].exited_at or 0.0):
+                proc.join_output(1.0)  # its last lines before its exit
+                reported[rank] = code
+                self.send(f"X {rank} {code}".encode())
             time.sleep(0.02)
         return next((abs(c) for c in reported.values() if c != 0), 0)
 
@@ -290,7 +296,11 @@ class _Agent:
 
 
 class _Refused(Exception):
-    pass
+    """What the spec asked cannot be done (``repeats``: nor on another try)."""
+
+    def __init__(self, message: str, repeats: bool = False) -> None:
+        super().__init__(message)
+        self.repeats = repeats
 
 
 def _reserve(addr: str, port: int) -> socket.socket:
@@ -342,7 +352,7 @@ def main() -> int:
                 item["env"]["MASTER_PORT"] = str(port)
         agent.start(spec, listener)
     except _Refused as exc:
-        agent.send(f"E {exc}".encode())
+        agent.send(f"{'F' if exc.repeats else 'E'} {exc}".encode())
         agent.stop()
         agent.close_watchdog()
         agent.remove_files()

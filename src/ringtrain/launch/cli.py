@@ -34,7 +34,7 @@ from ringtrain.launch.ssh import SshOptions, parse_ssh_option
 from ringtrain.launch.start import run_job
 from ringtrain.settings import env_name, flag_specs, settings_env, unknown_variables
 
-__all__ = ["build_config", "build_parser", "main"]
+__all__ = ["build_config", "build_parser", "main", "missing_script"]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -125,10 +125,20 @@ def _check_command(command: list[str]) -> None:
             raise ConfigError(f"command {exe!r} does not exist or is not executable; check the path")
     elif shutil.which(exe) is None:
         raise ConfigError(f"command {exe!r} not found on PATH; check the spelling or use a full path")
-    if Path(exe).name.startswith("python") and len(command) > 1:
+    script = missing_script(command)
+    if script is not None:
+        raise ConfigError(f"script {script!r} does not exist (working directory {os.getcwd()})")
+
+
+def missing_script(command: list[str]) -> str | None:
+    """The script of ``python SCRIPT.py ...`` when no such file exists (else None): the
+    job would start only for every rank to fail at once (``ringtrain doctor`` checks
+    the same)."""
+    if Path(command[0]).name.startswith("python") and len(command) > 1:
         script = command[1]
         if script.endswith(".py") and not script.startswith("-") and not Path(script).is_file():
-            raise ConfigError(f"script {script!r} does not exist (working directory {os.getcwd()})")
+            return script
+    return None
 
 
 def _settings_env(args: argparse.Namespace, exported: dict[str, str]) -> dict[str, str]:

@@ -36,7 +36,7 @@ from ringtrain.launch.agent import agent_grace, worker_extras
 from ringtrain.launch.elastic.worlds import ElasticConfig
 from ringtrain.launch.horovod_env import horovod_env
 from ringtrain.launch.hosts import Placement, is_local_host
-from ringtrain.launch.members import Member, Worker, stop_all
+from ringtrain.launch.members import Member, StartFailure, Worker, stop_all
 from ringtrain.launch.output import OutputFailure, OutputSink
 from ringtrain.launch.remote import HOST_LOST, RemoteHost
 from ringtrain.launch.slurm import srun_argv
@@ -397,9 +397,28 @@ def _spec(cfg: JobConfig, h: RemoteHost, addr: str, port: int, attempt: int, run
             "heartbeat_timeout": cfg.heartbeat_timeout, "stop_grace": agent_grace(cfg.stop_grace)}
 
 
+def _failures(members: list[Member]) -> tuple[list[tuple[float, int, Member, int]], int]:
+    """The ranks that failed so far, as (when the exit was seen, rank, member, code), and
+    how many exited 0."""
+    failed: list[tuple[float, int, Member, int]] = []
+    done = 0
+    for m in members:
+        for rank, code in m.exits().items():
+            if code == 0:
+                done += 1
+            else:
+                when = m.exit_time(rank)
+                failed.append((time.monotonic() if when is None else when, rank, m, code))
+    return failed, done
+
+
 def _watch(members: list[Member], stop_flag: list[int],
            sink: OutputSink) -> tuple[Member | None, int, int]:
-    """Wait until all exit 0 (-> (None, -1, 0)) or one fails (-> (member, rank, code))."""
+    """Wait until all exit 0 (-> (None, -1, 0)) or one fails (-> (member, rank, code)).
+
+    The failed rank is the one whose exit was seen first, as torchrun names the failure
+    with the earliest time its "root cause": a rank that fails second, because its peer
+    died, is not the cause."""
     total = sum(len(m.ranks) for m in members)
     next_beat = 0.0
     while True:
@@ -412,12 +431,13 @@ def _watch(members: list[Member], stop_flag: list[int],
             for m in members:
                 if isinstance(m, RemoteHost):
                     m.heartbeat()
-        done = 0
-        for m in members:
-            for rank, code in sorted(m.exits().items()):
-                if code != 0:
-                    return m, rank, code
-                done += 1
+        failed, done = _failures(members)
+        if failed:
+            # A rank that exited after this look passed it, but before a later rank's
+            # exit that this look saw, failed first: look once more, then take the first.
+            failed, _ = _failures(members)
+            _when, rank, member, code = min(failed, key=lambda f: (f[0], f[1]))
+            return member, rank, code
         if done == total:
             return None, -1, 0
         time.sleep(0.05)
@@ -510,6 +530,15 @@ def _run_attempts(cfg: JobConfig, run: JobRun, started: list[int]) -> int:
                     raise LaunchError(str(down)) from None
                 failed, rank, code = None, -1, HOST_LOST
                 say(str(down))
+            except StartFailure as refused:
+                # A failed attempt, as a rank that dies is, while restarts remain and a
+                # try may get past it (no file descriptors, memory or processes left for
+                # a moment); a program that cannot run at all ends the job at once, on
+                # any attempt, rather than burning every restart on the same error.
+                if refused.repeats or not cfg.max_restarts:
+                    raise
+                failed, rank, code = None, -1, 1
+                say(str(refused))
             else:
                 if failed is None:
                     for m in members:
@@ -518,6 +547,10 @@ def _run_attempts(cfg: JobConfig, run: JobRun, started: list[int]) -> int:
                         say(f"error: {sink.failure.message}")
                         return sink.failure.exit_code
                     return 0
+                cannot = next((m for m in members if isinstance(m, RemoteHost) and m.start_repeats), None)
+                if cannot is not None:
+                    # A rank its agent cannot start, nor would on a restart (see StartFailure).
+                    raise LaunchError(f"host {cannot.host}: {cannot.error}")
                 others = sum(len(m.ranks) - len(m.exits()) for m in members if m is not failed)
                 say(_failure_text(failed, rank, code, others))
                 _stop_everything(cfg, members, mark, cut_short=lambda: bool(stop_flag))

@@ -7,7 +7,7 @@ host agent imports it). Processes are started and stopped with :mod:`ringtrain.p
 - :class:`Worker`: one local rank of ringrun, a :class:`Rank` whose output goes to the
   job's output sink. A Worker and a
   :class:`~ringtrain.launch.remote.RemoteHost` (every rank of one remote host) are both
-  *members* of a job: they answer ``exits()`` and ``alive()`` and obey
+  *members* of a job: they answer ``exits()``, ``exit_time()`` and ``alive()`` and obey
   ``request_stop()`` / ``force_kill()``, which is all :func:`stop_all` and the job's
   watch loop need.
 - :func:`stop_marked`: ringtrain's one stop sequence
@@ -28,9 +28,21 @@ from typing import Protocol
 from ringtrain.errors import LaunchError
 from ringtrain.launch import reaper
 from ringtrain.launch.output import OutputSink
-from ringtrain.processes import Child, Stoppable, start_failure, stop_sequence
+from ringtrain.processes import Child, Stoppable, start_failure, start_failure_repeats, stop_sequence
 
-__all__ = ["Member", "Rank", "Worker", "stop_all", "stop_marked"]
+__all__ = ["Member", "Rank", "StartFailure", "Worker", "stop_all", "stop_marked"]
+
+
+class StartFailure(LaunchError):
+    """A rank could not be started (one line: the rank, the reason, the fix).
+
+    ``repeats``: another try would fail the same way (no such program, not executable, a
+    bad '#!' line); otherwise it came from the host's state at that moment (no file
+    descriptors, memory or processes left) and a restart may get past it."""
+
+    def __init__(self, message: str, repeats: bool) -> None:
+        super().__init__(message)
+        self.repeats = repeats
 
 
 class _CutShort:
@@ -77,6 +89,9 @@ class Member(Stoppable, Protocol):
     stop_signal: int
 
     def exits(self) -> dict[int, int]: ...
+    #: ``time.monotonic()`` when ``rank``'s exit was seen (None: not exited), so that a
+    #: job names the rank that failed first, not the lowest of those that failed.
+    def exit_time(self, rank: int) -> float | None: ...
     def where(self, rank: int) -> str: ...
     def finish_output(self, timeout: float = 2.0) -> None: ...
 
@@ -102,8 +117,9 @@ class Worker(Rank):
     """A local rank of ringrun: a :class:`Rank` whose output goes to the job's sink.
 
     A command that cannot be started (exec format, permission, no file descriptors or
-    memory left) raises :class:`~ringtrain.errors.LaunchError`, one line naming the rank,
-    the reason and the fix; the caller stops the ranks started before it."""
+    memory left) raises :class:`StartFailure`, one line naming the rank (``label``:
+    what to call it there, by default ``rank N``), the reason and the fix; the caller
+    stops the ranks started before it."""
 
     def __init__(
         self,
@@ -115,6 +131,7 @@ class Worker(Rank):
         pass_fds: Sequence[int] = (),
         cwd: str | None = None,
         host: str = "localhost",
+        label: str | None = None,
     ) -> None:
         self.rank = rank
         self.ranks: tuple[int, ...] = (rank,)
@@ -126,7 +143,8 @@ class Worker(Rank):
             super().__init__(argv, env, cwd, pass_fds)
         except OSError as exc:  # exec format, permission, out of file descriptors or memory
             sink.discard(self._file)  # its empty log: the rank never ran
-            raise LaunchError(start_failure(f"rank {rank} on {host}", argv, exc)) from None
+            raise StartFailure(start_failure(f"{label or f'rank {rank}'} on {host}", argv, exc),
+                               start_failure_repeats(exc)) from None
         try:
             self.pump(self._write)
         except BaseException as exc:
@@ -134,7 +152,8 @@ class Worker(Rank):
             self.force_kill()
             sink.close(self._file)
             if isinstance(exc, RuntimeError):  # "can't start new thread"
-                raise LaunchError(start_failure(f"rank {rank}'s output thread", argv, exc)) from None
+                raise StartFailure(start_failure(f"{label or f'rank {rank}'}'s output thread", argv, exc),
+                                   repeats=False) from None
             raise
 
     def _write(self, piece: bytes, partial: bool) -> None:
@@ -143,8 +162,11 @@ class Worker(Rank):
         self._sink.write(self.rank, piece, self._file, partial)
 
     def exits(self) -> dict[int, int]:
-        code = self.proc.poll()
+        code = self.poll()
         return {} if code is None else {self.rank: code}
+
+    def exit_time(self, rank: int) -> float | None:
+        return self.exited_at
 
     def where(self, rank: int) -> str:
         return f"pid {self.proc.pid} on {self.host}"

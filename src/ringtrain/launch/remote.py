@@ -44,11 +44,17 @@ class RemoteHost:
         self.info: dict[str, Any] | None = None
         self.port: int | None = None
         self.error: str | None = None
+        #: The agent could not start a rank, and would not on another try (its ``F`` line).
+        self.start_repeats = False
         self.pids: dict[int, int] = {}
         #: Resizable jobs: each worker's reserved rendezvous port, the world it joined last.
         self.reserved: dict[int, int] = {}
         self.joined: dict[int, int] = {}
         self._exits: dict[int, int] = {}
+        #: When each rank's exit line arrived (the agent sends them in the order the
+        #: ranks exited), and when the connection's output ended (a lost host's ranks).
+        self._exit_times: dict[int, float] = {}
+        self._ended_at: float | None = None
         #: The signal the agent stops its ranks with (see members.Rank); sent once the
         #: agent runs them (before that, any line would be read as the spec).
         self.stop_signal: int = signal.SIGTERM
@@ -65,6 +71,7 @@ class RemoteHost:
     def connect(self) -> None:
         """Start (or restart, after a refused connection) the ssh process."""
         self.ssh_tail.clear()
+        self._ended_at = None
         try:
             self.proc = subprocess.Popen(
                 self._argv, env=self._env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -103,6 +110,7 @@ class RemoteHost:
                 rank_text, _, code = rest.partition(b" ")
                 with self._lock:
                     self._exits[int(rank_text)] = int(code)
+                    self._exit_times[int(rank_text)] = time.monotonic()
             elif kind == b"S":
                 rank_text, _, pid = rest.partition(b" ")
                 self.pids[int(rank_text)] = int(pid)
@@ -114,10 +122,12 @@ class RemoteHost:
             elif kind in (b"K", b"J"):
                 worker, _, number = rest.partition(b" ")
                 (self.reserved if kind == b"K" else self.joined)[int(worker)] = int(number)
-            elif kind == b"E":
+            elif kind in (b"E", b"F"):
                 self.error = rest.decode(errors="replace").strip()
+                self.start_repeats = kind == b"F"
             else:  # not from the agent (a login banner, a shell error): keep it for the report
                 self.ssh_tail.append(line.decode(errors="replace").strip())
+        self._ended_at = time.monotonic()
         stream.close()
 
     def ssh_done(self) -> bool:
@@ -191,6 +201,13 @@ class RemoteHost:
             for r in self.ranks:
                 found.setdefault(r, HOST_LOST)
         return found
+
+    def exit_time(self, rank: int) -> float | None:
+        with self._lock:
+            when = self._exit_times.get(rank)
+        if when is None and rank in self.exits():  # lost with its host
+            when = self._ended_at if self._ended_at is not None else time.monotonic()
+        return when
 
     def lost(self) -> bool:
         """True when the connection ended before every rank reported its exit."""

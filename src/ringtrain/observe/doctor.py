@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from ringtrain.argparsing import OneLineParser
+from ringtrain.launch.cli import missing_script
 from ringtrain.observe import plot
 from ringtrain.observe.session import DOCTOR_ENV, DOCTOR_STEPS_ENV, DOCTOR_WARMUP_ENV
 from ringtrain.observe.timeline import merge
@@ -141,6 +142,29 @@ def _check_paths(out: Path, timeline: Path) -> None:
                               "choose another path (it is not overwritten)")
 
 
+def _new_folders(out: Path) -> list[Path]:
+    """``out`` and those of its parents that do not exist yet, deepest first: what the
+    doctor creates, and removes again when the job leaves nothing in them."""
+    missing = []
+    for folder in [out, *out.parents]:
+        if folder.exists():
+            break
+        missing.append(folder)
+    return missing
+
+
+def _remove_empty(folders: list[Path]) -> None:
+    """Remove the folders the doctor made (deepest first) while they are empty: a job
+    that never started, or wrote nothing, leaves no empty ``runs/doctor`` behind."""
+    for folder in folders:
+        try:
+            folder.rmdir()
+        except FileNotFoundError:  # never made (mkdir failed below it)
+            continue
+        except OSError:  # not empty: the job's output, kept (and so are its parents)
+            return
+
+
 def _clean(out: Path, timeline: Path) -> None:
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -206,16 +230,31 @@ def _say(message: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    made: list[Path] = []
     try:
         args = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
         command = build_command(args)
         out = Path(args.out)
         timeline = Path(args.timeline) if args.timeline else out / "timeline.json"
         _check_paths(out, timeline)
+        made = _new_folders(out)
         _clean(out, timeline)
+        script = missing_script(args.command[1:] if args.command[:1] == ["--"] else args.command)
+        if script is not None:
+            raise _UsageError(f"script {script!r} does not exist (working directory {os.getcwd()}); "
+                              "check the path")
     except _UsageError as exc:
+        _remove_empty(made)
         print(f"ringtrain doctor: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    try:
+        return _doctor(args, command, out, timeline)
+    finally:
+        _remove_empty(made)  # the job never started, or wrote nothing: no empty folders
+
+
+def _doctor(args: argparse.Namespace, command: list[str], out: Path, timeline: Path) -> int:
+    """Run the job and print the verdict; the exit code (see the module docstring)."""
     env = dict(os.environ)
     env.update({DOCTOR_ENV: str(out.resolve()), DOCTOR_STEPS_ENV: str(args.steps),
                 DOCTOR_WARMUP_ENV: str(args.warmup), "RINGTRAIN_TIMELINE": str(timeline.resolve()),

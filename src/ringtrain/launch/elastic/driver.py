@@ -60,7 +60,7 @@ from ringtrain.launch.job import (
     job_run,
     say,
 )
-from ringtrain.launch.members import Member, stop_all
+from ringtrain.launch.members import Member, StartFailure, stop_all
 from ringtrain.launch.output import OutputSink
 from ringtrain.launch.remote import HOST_LOST, RemoteHost
 
@@ -282,9 +282,10 @@ class Driver:
                 continue
             member: Member | None = proc.local if proc.local is not None else proc.remote
             code = member.exits().get(proc.id) if member is not None else None
-            if code is None:
+            if member is None or code is None:
                 continue
             proc.code = code
+            proc.exited_at = _exit_time(member, proc.id)
             if proc.id in self.cancelled:
                 continue
             if proc.id in self.removing:
@@ -293,7 +294,13 @@ class Driver:
                     lost_removed.append(proc.id)
                 continue
             (finished if code == 0 else dead).append(proc.id)
+        dead.sort(key=lambda w: (self.procs[w].exited_at, w))  # the first failure first
         return finished, dead, lost_removed
+
+    def _first_failure(self, workers: list[int]) -> int | None:
+        """Of ``workers``, the one that failed first; never one ringrun stopped itself."""
+        failed = [w for w in workers if self.procs[w].code not in (None, 0) and w not in self.cancelled]
+        return min(failed, key=lambda w: (self.procs[w].exited_at, w), default=None)
 
     def _exits(self) -> None:
         finished, dead, lost_removed = self._exit_codes()
@@ -317,10 +324,12 @@ class Driver:
         if finished and self.state is not JobState.FINISHING:
             self._on(Event.FINISHED)
         if self.state is JobState.FINISHING and all(self.procs[w].code is not None for w in self.formed_world):
-            bad = [w for w in self.formed_world if self.procs[w].code != 0]
-            if bad:
-                say(f"{self._describe(bad[0])}; stopping the others")
-                self._on(Event.ALL_EXITED, exit_status(self.procs[bad[0]].code or 1))
+            bad = self._first_failure(self.formed_world)
+            if bad is None and any(self.procs[w].code != 0 for w in self.formed_world):
+                bad = next(w for w in self.formed_world if self.procs[w].code != 0)
+            if bad is not None:
+                say(f"{self._describe(bad)}; stopping the others")
+                self._on(Event.ALL_EXITED, exit_status(self.procs[bad].code or 1))
             else:
                 self._on(Event.ALL_EXITED, 0)
 
@@ -416,8 +425,8 @@ class Driver:
             say(f"elastic: {len(survivors)} rank(s) left ({reason}), fewer than --min-np "
                 f"{self.ecfg.min_np}; waiting up to {self.ecfg.elastic_timeout:g} s for hosts")
             return True
-        code = exit_status(next((self.procs[w].code for w in self.procs
-                                 if self.procs[w].code not in (None, 0)), 1) or 1)
+        first = self._first_failure(list(self.procs))
+        code = exit_status((self.procs[first].code if first is not None else 1) or 1)
         if survivors and self.ecfg.elastic_timeout > 0:  # no new world may come: end now
             self._say_limit()
             self._on(Event.LIMIT, 1)
@@ -436,7 +445,12 @@ class Driver:
         if len(self.world) + len(self.pending) >= self.ecfg.min_np and not self.connecting:
             new, self.pending = self.pending, []
             names = ",".join(sorted({s.host for s in new}))
-            self._change(list(self.world), new, [], f"host(s) {names} added", Event.GROWN)
+            try:
+                self._change(list(self.world), new, [], f"host(s) {names} added", Event.GROWN)
+            except StartFailure as exc:  # still waiting, for other hosts (or the timeout)
+                say(f"elastic: warning: {exc}; not using host(s) {names}")
+                for name in {s.host for s in new}:
+                    self._drop_new_host(name)
             return
         if time.monotonic() >= self.waiting_until:
             for remote, _ids, _deadline in self.connecting.values():
@@ -583,12 +597,22 @@ class Driver:
                 "rank 0's rendezvous is on loopback, which it cannot reach; pass --network-interface")
         except HostsDown as exc:  # its agent could not reserve the workers' ports
             why = str(exc)
+        except StartFailure as exc:  # a new rank could not start: the job goes on without it
+            why = str(exc)
         if why is not None:
             say(f"elastic: warning: host {name}: {why}; not using it")
-            self.hosts.pop(name, None)
-            self.blacklist.add(name, time.monotonic())
+            self._drop_new_host(name)
             if remote is not None:
                 stop_all([remote], grace=0.5)
+
+    def _drop_new_host(self, name: str) -> None:
+        """A host whose new workers could not start: blacklisted, and forgotten unless
+        it runs workers of the job already (this host, listed with more slots)."""
+        if not (name in self.hosts and self.hosts[name].workers):
+            host = self.hosts.pop(name, None)
+            if host is not None and host.remote is not None:
+                stop_all([host.remote], grace=0.5)
+        self.blacklist.add(name, time.monotonic())
 
     def _remove_unlisted(self) -> bool:
         """RUNNING: the discovery script lists fewer slots of a host than it has workers
@@ -620,6 +644,13 @@ class Driver:
     def close(self) -> None:
         self.discovery.close()
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def _exit_time(member: Member, worker: int) -> float:
+    """When ``worker``'s exit was seen (its member's note, else now)."""
+    note = getattr(member, "exit_time", None)  # the driver's unit tests fake members without it
+    when = note(worker) if note is not None else None
+    return time.monotonic() if when is None else float(when)
 
 
 def run_elastic(cfg: JobConfig) -> int:

@@ -23,8 +23,16 @@ from ringtrain.launch.agent import agent_grace, worker_extras
 from ringtrain.launch.elastic.worlds import WorkerOnHost, placements
 from ringtrain.launch.horovod_env import horovod_env
 from ringtrain.launch.hosts import Placement
-from ringtrain.launch.job import HostsDown, JobConfig, Stopped, reach_address, worker_env, working_directory
-from ringtrain.launch.members import Member, Worker
+from ringtrain.launch.job import (
+    STOP_GRACE_S,
+    HostsDown,
+    JobConfig,
+    Stopped,
+    reach_address,
+    worker_env,
+    working_directory,
+)
+from ringtrain.launch.members import Member, Worker, stop_all
 from ringtrain.launch.output import OutputSink
 from ringtrain.launch.remote import RemoteHost
 from ringtrain.launch.ssh import agent_command, forwarded_env, ssh_argv
@@ -49,6 +57,8 @@ class WorkerProc:
     remote: RemoteHost | None = None
     joined: int = -1
     code: int | None = None
+    #: ``time.monotonic()`` when its exit was seen: the first failure is the one named.
+    exited_at: float = 0.0
 
 
 @dataclass
@@ -139,6 +149,9 @@ class JobWorkers:
             rank0 = self.procs[order[0].worker]
             for name, ids in by_host.items():
                 self._start(self.hosts[name], ids, places, hvd, size, rank0, held, version)
+        except BaseException:
+            self._undo(new)  # a rank that cannot start: the world is not announced
+            raise
         finally:
             for sock in held.values():
                 sock.close()  # each worker holds its own copy
@@ -159,6 +172,17 @@ class JobWorkers:
             remote = self.hosts[name].remote
             assert remote is not None
             remote.send_spec({"assign": assign})
+
+    def _undo(self, new: list[WorkerOnHost]) -> None:
+        """Stop the ``new`` workers this host started for a world that will not be
+        announced (they joined nothing: the default grace at most) and take them off
+        their hosts; the driver forgets them."""
+        started = [self.procs[s.worker].local for s in new if s.worker in self.procs]
+        stop_all([w for w in started if w is not None], grace=min(self.cfg.stop_grace, STOP_GRACE_S))
+        for s in new:
+            host = self.hosts.get(s.host)
+            if host is not None and s.worker in host.workers:
+                host.workers.remove(s.worker)
 
     def _start(self, host: JobHost, ids: list[int], places: dict[int, Placement],
                hvd: dict[int, dict[str, str]], size: int, rank0: WorkerProc,
@@ -185,7 +209,8 @@ class JobWorkers:
                 env = dict(base)
                 env.update(self.overlay(places[w], size, rank0.addr, rank0.port, hvd, version))
                 env["RINGTRAIN_ELASTIC_FILE"] = self.procs[w].file
-                items.append({"rank": w, "local_size": places[w].local_size, "env": env})
+                items.append({"rank": w, "local_size": places[w].local_size, "env": env,
+                              "label": f"rank {places[w].rank}"})
             host.remote.send_spec({"cwd": working_directory(cfg), "command": list(cfg.command),
                                    "ranks": items, "listen": None,
                                    "heartbeat_timeout": cfg.heartbeat_timeout,
@@ -205,7 +230,8 @@ class JobWorkers:
             full.update(RINGTRAIN_WORLD_VERSION=str(version), RINGTRAIN_ELASTIC_FILE=self.procs[w].file,
                         RINGTRAIN_STORE_FD=str(held[w].fileno()))
             full.update(worker_extras(full, p.local_size, 1))
-            worker = Worker(w, cfg.command, full, self.sink, 0, (held[w].fileno(),), cfg.cwd, host.name)
+            worker = Worker(w, cfg.command, full, self.sink, 0, (held[w].fileno(),), cfg.cwd, host.name,
+                            label=f"rank {p.rank}")  # the number it is known by is the worker's
             self.procs[w].local = worker
             if self.watchdog is not None:
                 self.watchdog.watch_group(worker.pid)
