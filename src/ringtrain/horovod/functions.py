@@ -25,24 +25,38 @@ __all__ = ["allgather_object", "broadcast_object", "broadcast_optimizer_state", 
 
 def broadcast_parameters(params: Any, root_rank: int) -> None:
     """Overwrite the given tensors with the root's: a ``state_dict()`` (sorted by name, as
-    Horovod), ``named_parameters()`` or a list of tensors."""
+    Horovod), ``named_parameters()`` or a list of tensors.
+
+    An entry that is not a tensor (an int, a string, None) is a ValueError on every rank,
+    as in Horovod (whose broadcast refuses it): it cannot be overwritten in place, and
+    skipped it stayed different on each rank, silently."""
     if isinstance(params, Mapping):
         items: list[tuple[str | None, Any]] = sorted(params.items())
     elif isinstance(params, Iterable):
         items = [p if isinstance(p, tuple) else (None, p) for p in params]
     else:
         raise ValueError(f"invalid params of type: {type(params).__name__}")
-    tensors = [(name, p) for name, p in items if isinstance(p, torch.Tensor)]
+    bad = next(((i, name, p) for i, (name, p) in enumerate(items) if not isinstance(p, torch.Tensor)), None)
+    if bad is not None:
+        # Before any is submitted, so that no tensor is overwritten on one rank only; the
+        # other members get the error instead of waiting for these names.
+        i, name, p = bad
+        label = repr(name) if name is not None else f"entry {i}"
+        exc = ValueError(f"broadcast_parameters overwrites tensors in place, and {label} is of type "
+                         f"{type(p).__name__}, not a tensor; broadcast it with hvd.broadcast_object, "
+                         "or leave it out")
+        ops.refuse_names("broadcast", [n for n, _ in items], global_process_set,
+                         f"broadcast_parameters on rank {rank()}: ValueError: {exc}")
+        raise exc
     handles = []
-    for i, (name, p) in enumerate(tensors):
+    for i, (name, p) in enumerate(items):
         try:
             handles.append(ops.broadcast_async_(p, root_rank, name))
         except Exception as exc:
             # broadcast_async_ refused this one to the other ranks; the rest were left
             # pending there for ever (and their names taken): refuse them too.
             text = f"broadcast_parameters on rank {rank()}: {type(exc).__name__}: {exc}"
-            for rest_name, rest in tensors[i + 1:]:
-                ops.refuse("broadcast", rest, rest_name, global_process_set, text)
+            ops.refuse_names("broadcast", [n for n, _ in items[i + 1:]], global_process_set, text)
             raise
     failed: Exception | None = None
     for h in handles:  # every one, so that none is left pending after an error

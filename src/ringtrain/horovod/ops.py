@@ -141,6 +141,16 @@ def refuse(kind: str, tensor: torch.Tensor, name: str | None, process_set: Proce
     engine().submit(replace(meta, refused=text), None)
 
 
+def refuse_names(kind: str, names: Sequence[str | None], process_set: ProcessSet, text: str) -> None:
+    """Submit the operations ``hvd.<kind>(..., name=n)`` would for each ``n`` of ``names``
+    (None: the next unnamed one), refused with ``text``, whatever this rank holds for them
+    (a non-tensor included): the other members get ``text`` instead of waiting."""
+    sid = set_id(process_set)
+    metas = [Meta(unique_name(kind, n, sid), kind, sid, refused=text) for n in names]
+    with contextlib.suppress(Exception):  # as in _refuse: no one to tell after join()
+        engine().submit_many(metas, [None] * len(metas))
+
+
 def _check_usable(metas: Sequence[Meta], tensors: Sequence[torch.Tensor], in_place: bool) -> None:
     """Tensors a collective cannot take, refused at the call on every member (:func:`_checks`).
 

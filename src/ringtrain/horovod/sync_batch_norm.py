@@ -7,6 +7,12 @@ variance, and the running statistics use the unbiased variance, exactly as
 job-wide sums per channel (of the normalised input's gradient, and of that times the
 normalised input). The weight and bias gradients stay local, as in Horovod and
 ``torch.nn.SyncBatchNorm``: the optimizer combines them.
+
+Every sum is taken in float64 and a half input (fp16, bf16) is normalised in float32,
+as torch's CPU BatchNorm does; a batch of one value per channel over every rank is
+torch's ValueError (on every rank), and an empty one leaves the running statistics as
+they are. A rank that has ``join()``-ed contributes zeros to the sums, so the others'
+statistics are those of their batches alone.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from torch.autograd.function import once_differentiable
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from ringtrain.horovod import ops
@@ -35,44 +42,69 @@ def _shape(v: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     return v.reshape((1, -1) + (1,) * (x.dim() - 2))
 
 
+def _math_dtype(dtype: torch.dtype) -> torch.dtype:
+    """What a half input is normalised in (float32, as torch's CPU BatchNorm does)."""
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+
 class _SyncBN(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None,
                 eps: float, stats_out: list[torch.Tensor]) -> torch.Tensor:
-        flat = _channels_last(x).double()
+        # Sums in float64: E[x^2] - E[x]^2 loses the variance of data far from zero in
+        # float32, and a half dtype's sum overflows past 65504.
+        flat = _channels_last(x)
         local = torch.cat([torch.tensor([flat.shape[0]], dtype=torch.float64, device=x.device),
-                           flat.sum(0), (flat * flat).sum(0)])
+                           flat.sum(0, dtype=torch.float64), flat.double().square().sum(0)])
         total = _sum_over_ranks(local)
         c = x.shape[1]
-        count = total[0]
-        mean = total[1:1 + c] / count
-        var = total[1 + c:] / count - mean * mean
-        invstd = torch.rsqrt(var + eps)
-        xhat = (x - _shape(mean, x).to(x.dtype)) * _shape(invstd, x).to(x.dtype)
-        y = xhat
+        count = float(total[0])
+        if count == 1:
+            # torch.nn.BatchNorm's and torch.nn.SyncBatchNorm's error: one value per
+            # channel has no variance (its output was 0, and the unbiased running
+            # variance shrank towards 0). Every rank sees the same count, so every rank
+            # raises it.
+            raise ValueError("Expected more than 1 value per channel when training, got 1 over every "
+                             f"rank's batch (this rank's input size {tuple(x.shape)})")
+        mean64 = total[1:1 + c] / max(count, 1.0)
+        var64 = (total[1 + c:] / max(count, 1.0) - mean64 * mean64).clamp_min(0)
+        acc = _math_dtype(x.dtype)
+        mean, invstd = mean64.to(acc), torch.rsqrt(var64 + eps).to(acc)
+        y = (x.to(acc) - _shape(mean, x)) * _shape(invstd, x)
         if weight is not None:
             y = y * _shape(weight, x)
         if bias is not None:
             y = y + _shape(bias, x)
-        # fp32 weights (autocast, or a half input into an fp32 model) promoted a half
-        # input's output to fp32; torch's BatchNorm and Horovod's keep the input's dtype.
+        # The input's dtype, as torch's BatchNorm and Horovod's keep it (fp32 weights, under
+        # autocast or a half input into an fp32 model, promoted a half input's output).
         y = y.to(x.dtype)
-        ctx.save_for_backward(xhat, invstd.to(x.dtype), weight)
-        ctx.count = float(count)
-        stats_out.extend([mean.to(x.dtype), var.to(x.dtype), count])
+        ctx.save_for_backward(x, mean, invstd, weight)
+        ctx.count = count
+        stats_out.extend([mean64, var64, total[0]])
         return y
 
     @staticmethod
+    @once_differentiable
     def backward(ctx: Any, dy: torch.Tensor) -> Any:
-        xhat, invstd, weight = ctx.saved_tensors
-        dxhat = dy * _shape(weight, dy) if weight is not None else dy
+        # Once differentiable: a gradient of this gradient (a gradient penalty) would take
+        # the job-wide sums and the statistics as constants, a wrong number; torch's error
+        # instead, as Horovod's (its backward kernel has no derivative).
+        x, mean, invstd, weight = ctx.saved_tensors
+        acc = mean.dtype
+        xhat = (x.to(acc) - _shape(mean, x)) * _shape(invstd, x)
+        dy_acc = dy.to(acc)
+        dxhat = dy_acc * _shape(weight, dy).to(acc) if weight is not None else dy_acc
         c = dy.shape[1]
-        local = torch.cat([_channels_last(dxhat).sum(0), _channels_last(dxhat * xhat).sum(0)]).double()
-        total = _sum_over_ranks(local).to(dy.dtype)
-        mean_dxhat, mean_dxhat_xhat = total[:c] / ctx.count, total[c:] / ctx.count
-        dx = (dxhat - _shape(mean_dxhat, dy) - xhat * _shape(mean_dxhat_xhat, dy)) * _shape(invstd, dy)
-        dw = _channels_last(dy * xhat).sum(0) if weight is not None else None
-        db = _channels_last(dy).sum(0) if ctx.needs_input_grad[2] else None
+        # The sums in float64 too: over a large half batch they overflowed to inf, and
+        # every input gradient came back NaN.
+        local = torch.cat([_channels_last(dxhat).sum(0, dtype=torch.float64),
+                           _channels_last(dxhat * xhat).sum(0, dtype=torch.float64)])
+        total = (_sum_over_ranks(local) / max(ctx.count, 1.0)).to(acc)
+        mean_dxhat, mean_dxhat_xhat = total[:c], total[c:]
+        dx = ((dxhat - _shape(mean_dxhat, dy) - xhat * _shape(mean_dxhat_xhat, dy)) * _shape(invstd, dy)).to(dy.dtype)
+        dw = (_channels_last(dy_acc * xhat).sum(0, dtype=torch.float64).to(weight.dtype)
+              if weight is not None else None)
+        db = _channels_last(dy).sum(0, dtype=torch.float64).to(acc) if ctx.needs_input_grad[2] else None
         return dx, dw, db, None, None
 
 
@@ -93,11 +125,15 @@ class SyncBatchNorm(_BatchNorm):
             mean, var, count = stats
             assert self.num_batches_tracked is not None and self.running_var is not None
             self.num_batches_tracked.add_(1)
+            n = float(count)
+            if n == 0:
+                # An empty batch on every rank: torch's BatchNorm leaves the running
+                # statistics as they are (the mean of no values, NaN, replaced them).
+                return out  # type: ignore[no-any-return]
             momentum = (1.0 / float(self.num_batches_tracked) if self.momentum is None
                         else self.momentum)
-            n = float(count)
-            unbiased = var * (n / max(n - 1.0, 1.0))
+            unbiased = var * (n / (n - 1.0))
             with torch.no_grad():
-                self.running_mean.mul_(1 - momentum).add_(mean.detach() * momentum)
-                self.running_var.mul_(1 - momentum).add_(unbiased.detach() * momentum)
+                self.running_mean.mul_(1 - momentum).add_(mean.to(self.running_mean.dtype) * momentum)
+                self.running_var.mul_(1 - momentum).add_(unbiased.to(self.running_var.dtype) * momentum)
         return out  # type: ignore[no-any-return]

@@ -1,12 +1,12 @@
 """Running a negotiated operation on its process group (the coordinator's thread only).
 
 Every function gets this rank's request (``None`` on a rank that has joined: it
-contributes zeros to reductions) and every member's :class:`~.requests.Meta`, and runs
-the same collectives on every member in the same order. Payloads of the operations that
-only move data (allgather, broadcast, alltoall) travel as bytes, so every dtype works
-whatever the backend supports. Reductions follow Horovod's arithmetic: integers are
-scaled in float64 and truncated back, fp16 on the CPU is scaled in fp32, an integer
-average truncates toward zero.
+contributes zeros to sums and averages, the identity to min, max and product) and every
+member's :class:`~.requests.Meta`, and runs the same collectives on every member in the
+same order. Payloads of the operations that only move data (allgather, broadcast,
+alltoall) travel as bytes, so every dtype works whatever the backend supports.
+Reductions follow Horovod's arithmetic: integers are scaled in float64 and truncated
+back, fp16 on the CPU is scaled in fp32, an integer average truncates toward zero.
 """
 
 from __future__ import annotations
@@ -138,6 +138,23 @@ def _deliver(req: Request | None, result: torch.Tensor) -> torch.Tensor | None:
     return result
 
 
+def _absent(meta: Meta, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """What a rank that has joined contributes to an allreduce: zeros, as in Horovod, to a
+    sum or an average (divided by the whole set's size, as Horovod's), and the identity
+    of a min, max or product. Horovod's zeros there made the result 0 whenever the ranks
+    with data had only positive values (min, product) or only negative ones (max): a
+    wrong number, silently; the identity gives the result over the ranks with data."""
+    if meta.op not in ("min", "max", "product"):
+        return torch.zeros(meta.shape, dtype=dtype, device=device)
+    if meta.op == "product" or dtype == torch.bool:
+        return torch.full(meta.shape, meta.op != "max", dtype=dtype, device=device)
+    if dtype.is_floating_point:
+        extreme: float = float("inf") if meta.op == "min" else float("-inf")
+    else:
+        extreme = torch.iinfo(dtype).max if meta.op == "min" else torch.iinfo(dtype).min
+    return torch.full(meta.shape, extreme, dtype=dtype, device=device)
+
+
 def allreduce_fused(group: Group, metas: Sequence[Meta], reqs: Sequence[Request | None]) -> list[Any]:
     """One flat buffer for several same-dtype allreduces (Horovod's tensor fusion)."""
     first = metas[0]
@@ -146,7 +163,7 @@ def allreduce_fused(group: Group, metas: Sequence[Meta], reqs: Sequence[Request 
     parts = []
     for meta, req in zip(metas, reqs, strict=True):
         if req is None or req.tensor is None:
-            parts.append(torch.zeros(meta.shape, dtype=dtype, device=device).reshape(-1))
+            parts.append(_absent(meta, dtype, device).reshape(-1))
         else:
             parts.append(_scale(_plain(req.tensor.detach()), meta.prescale).reshape(-1))
     size = len(group.ranks)
