@@ -80,14 +80,15 @@ def _pack(crop: Any, items: list[Encoded]) -> dict[str, Any]:
 
 def collate_encoded(crop: Any, samples: list[Any]) -> Any:
     """A batch of :class:`Encoded` samples (or tuples whose first field is one, as
-    ``ImageFolder`` gives): the files packed into one byte array, the other fields
-    collated as usual."""
+    ``ImageFolder`` gives: then a list of fields, as the default collate gives): the
+    files packed into one byte array, the other fields collated as usual."""
     first = samples[0]
     if isinstance(first, Encoded):
         return _pack(crop, samples)
     if isinstance(first, tuple) and first and isinstance(first[0], Encoded):
+        # a list of fields, as the default collate makes of tuple samples (DataLoader's)
         rest = default_collate([s[1:] for s in samples])
-        return (_pack(crop, [s[0] for s in samples]), *rest)
+        return [_pack(crop, [s[0] for s in samples]), *rest]
     raise DataError("DecodeCrop(device='cuda').collate needs samples that are DecodeCrop's "
                     f"output (or tuples starting with it), got {type(first).__name__}; use it "
                     "as the dataset's transform")

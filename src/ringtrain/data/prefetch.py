@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, MutableSequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from ringtrain import events
+from ringtrain.data.collate import mapping_like, sequence_like
 
 __all__ = ["DeviceStager", "CudaBackend", "StagerBackend", "tree_map"]
 
@@ -42,13 +43,17 @@ def tree_map(fn: Callable[[torch.Tensor], Any], batch: Any) -> Any:
         return fn(batch)
     if isinstance(batch, np.ndarray):
         return batch.copy()  # it may view a slot that is about to be reused
-    if isinstance(batch, dict):
+    if type(batch) is dict:
         return {k: tree_map(fn, v) for k, v in batch.items()}
+    if type(batch) is list:
+        return [tree_map(fn, v) for v in batch]
     if isinstance(batch, tuple):
         items = [tree_map(fn, v) for v in batch]
         return type(batch)(*items) if hasattr(batch, "_fields") else tuple(items)
-    if isinstance(batch, list):
-        return [tree_map(fn, v) for v in batch]
+    if isinstance(batch, Mapping):  # keeps its type (an OrderedDict batch stays one)
+        return mapping_like(batch, {k: tree_map(fn, v) for k, v in batch.items()})
+    if isinstance(batch, MutableSequence):
+        return sequence_like(batch, [tree_map(fn, v) for v in batch])
     return batch
 
 

@@ -449,7 +449,14 @@ class WorkerPool:
 
     def _start_one(self, n: int) -> None:
         parent_conn, child_conn = self._ctx.Pipe(duplex=True)
-        wid = self._next_wid
+        # get_worker_info().id: the lowest id no running worker holds (retiring ones
+        # included), as DataLoader's ids are 0..num_workers-1; and num_workers counts it.
+        # (Numbered by starts, num_workers="auto" gave ids past num_workers once it had
+        # shrunk and grown, e.g. id 2 of num_workers 2.) The worker's own seed still
+        # follows its start, so a worker started again on an id draws a stream of its own.
+        held = {w.wid for w in self.workers}
+        wid = next(i for i in range(len(held) + 1) if i not in held)
+        start = self._next_wid
         self._next_wid += 1
         # A forked worker inherits the training process's ends of its own socket and of
         # the workers started before it; it closes them, so that when the training
@@ -460,8 +467,8 @@ class WorkerPool:
                   if self._ctx.get_start_method() == "fork" else [])
         proc = self._ctx.Process(  # type: ignore[attr-defined]
             target=_worker_main, name=f"ringtrain-loader-{wid}", daemon=True,
-            args=(wid, n, child_conn, self._dataset, self._collate_fn,
-                  self.worker_seed(wid),
+            args=(wid, max(n, wid + 1), child_conn, self._dataset, self._collate_fn,
+                  self.worker_seed(start),
                   self._seed_batches, self._init_fn, os.getpid(), theirs))
         proc.start()
         child_conn.close()  # so the worker's end lives only in the worker
@@ -471,14 +478,15 @@ class WorkerPool:
         self._poll_obj = None
         log.debug("started loader worker %d (pid %d)", wid, proc.pid)
 
-    def worker_seed(self, wid: int) -> int:
-        """Worker ``wid``'s own seed (``get_worker_info().seed``, ``torch.initial_seed()``
-        when it starts): without per-batch seeds DataLoader's base + ``wid``; with them a
-        function of (loader seed, rank, ``wid``), apart for every worker of every rank
+    def worker_seed(self, start: int) -> int:
+        """The own seed (``get_worker_info().seed``, ``torch.initial_seed()`` when it
+        starts) of the ``start``-th worker this pool starts (worker ``start`` while their
+        number does not change): without per-batch seeds DataLoader's base + id; with them
+        a function of (loader seed, rank, ``start``), apart for every worker of every rank
         (each batch is then seeded from its position anyway)."""
         if not self._seed_batches:
-            return self.base_seed + wid
-        return batch_seed(self._seed, _WORKER_SEED_TAG, self._rank, wid)
+            return self.base_seed + start
+        return batch_seed(self._seed, _WORKER_SEED_TAG, self._rank, start)
 
     def _stop_if_idle(self, w: _Worker) -> None:
         if w.retiring and not w.outstanding:

@@ -1,5 +1,5 @@
 """Loader audit 5: what a DataLoader script gets, without an error, that the loader
-gave differently: streamed samples of another dtype cast silently into the batch,
+gave differently: streamed samples of another dtype cast into the batch,
 ``torch.utils.data.get_worker_info()`` that said "main process" inside a worker, every
 worker seeded alike before its first batch, numpy complex scalars left as a list, and
 the first batch (loaded in halves) refused where the whole batch was collated."""
@@ -25,7 +25,6 @@ from ringtrain.data.collate import (
     pack,
     unpack,
 )
-from ringtrain.errors import DataError
 
 ROW = STREAM_MIN_BYTES  # a row of this many values of any dtype is streamed
 
@@ -41,25 +40,27 @@ def _streamed(samples: list[Any]) -> Any:
     lambda i: torch.full((ROW,), i + 0.7) if i % 2 else torch.full((ROW,), i),  # int64, then floats
     lambda i: np.full(ROW, i + 0.7) if i % 2 else np.full(ROW, i),
     lambda i: np.full(ROW, 7, np.uint8) if i else np.zeros(ROW, np.bool_),  # bool, then 7s
-], ids=["tensor-int-then-float", "array-int-then-float", "bool-then-uint8"])
-def test_a_streamed_sample_of_a_kind_the_batch_cannot_hold_is_an_error(make: Any) -> None:
-    # Before: samples of 16 KiB or more were copied into the batch with any cast:
-    # 1.7 became 1 and 7 became True, where DataLoader's workers refuse the batch
-    # (torch.stack(out=) of the first sample's dtype) and its main process promotes it.
+    lambda i: np.full(ROW, i + 0.1, np.float64 if i else np.float32),  # float32, then float64
+], ids=["tensor-int-then-float", "array-int-then-float", "bool-then-uint8", "f32-then-f64"])
+def test_a_streamed_sample_of_a_wider_kind_widens_the_batch_as_torch_stack(make: Any) -> None:
+    # Samples of 16 KiB or more were once copied into the batch with any cast (1.7
+    # became 1, 7 became True), then refused. The batch has the dtype torch.stack
+    # promotes the samples to, as torch's default_collate (DataLoader with
+    # num_workers=0) gives it, on every path: list, streamed, loader.
     samples = [make(i) for i in range(4)]
-    with pytest.raises((DataError, TypeError, RuntimeError)):
-        default_collate(samples)  # the list path refused them already
-    with pytest.raises(DataError, match=r"sample of dtype \S*(float|uint8)"):
-        _streamed(samples)
+    want = torch_collate(samples)
+    for got in (default_collate(samples), _streamed(samples)):
+        assert got.dtype == want.dtype and torch.equal(got, want)
     with Loader(_Items(samples), batch_size=4, shuffle=False, num_workers=0, device="cpu",
-                rank=0, world_size=1) as loader, pytest.raises(DataError, match="dtype"):
-        next(iter(loader))
+                rank=0, world_size=1) as loader:
+        got = next(iter(loader))
+    assert got.dtype == want.dtype and torch.equal(got, want)
 
 
 def test_a_streamed_sample_of_a_narrower_kind_is_cast_as_the_list_path_casts() -> None:
-    # float64 into a float32 batch, int32 into an int64 one: the list path (and
-    # DataLoader's workers) accept these, so a streamed batch does too.
-    for first, later in ((np.float32, np.float64), (np.int64, np.int32)):
+    # float64 into a float64 batch, int32 into an int64 one: a streamed batch is what
+    # the list path (and torch's default_collate) gives.
+    for first, later in ((np.float64, np.float32), (np.int64, np.int32)):
         samples = [np.full(ROW, i, first if i == 0 else later) for i in range(3)]
         got = _streamed(samples)
         want = default_collate(samples)
@@ -149,19 +150,22 @@ def _half(samples: list[Any], stream: bool) -> tuple[tuple, np.ndarray]:
 
 @pytest.mark.parametrize("stream", [False, True], ids=["list", "streamed"])
 def test_halves_of_two_dtypes_join_as_the_whole_batch_collates(stream: bool) -> None:
-    # The first batch of a fresh loader is loaded in halves by two workers. Before: a
-    # second half whose first sample had another dtype (float64 among float32) failed
-    # the batch, which one worker collated whole without a word.
+    # The first batch of a fresh loader is loaded in halves by two workers. A second
+    # half whose first sample had another dtype (float64 among float32) once failed the
+    # batch. The joined batch is torch's default_collate of the whole: float64 here.
     n = ROW if stream else 3
     samples = [np.full(n, i + 0.25, np.float64 if i == 2 else np.float32) for i in range(4)]
     whole = default_collate(samples)
     spec, buf = join_halves(*_half(samples[:2], stream), *_half(samples[2:], stream))
     got = unpack(spec, buf)
-    assert got.dtype == whole.dtype == torch.float32 and torch.equal(got, whole)
-    # What the whole batch refuses, the joined one refuses too (floats into an int batch).
-    bad = [np.full(n, i, np.int64) if i < 2 else np.full(n, i + 0.5) for i in range(4)]
-    with pytest.raises(DataError, match="dtype"):
-        join_halves(*_half(bad[:2], stream), *_half(bad[2:], stream))
+    want = torch_collate(samples)
+    assert got.dtype == whole.dtype == want.dtype and torch.equal(got, want)
+    assert torch.equal(whole, want)
+    # Ints, then floats: the batch is float (torch.stack's promotion), in halves too.
+    mixed = [np.full(n, i, np.int64) if i < 2 else np.full(n, i + 0.5) for i in range(4)]
+    got = unpack(*join_halves(*_half(mixed[:2], stream), *_half(mixed[2:], stream)))
+    want = torch_collate(mixed)
+    assert got.dtype == want.dtype and torch.equal(got, want)
 
 
 def _lines(shard: str) -> Any:
