@@ -37,8 +37,31 @@ from ringtrain.settings import env_name, flag_specs, settings_env, unknown_varia
 __all__ = ["build_config", "build_parser", "main", "missing_script"]
 
 
+# torchrun's flags that ringrun does not take, and what to write instead: a torchrun
+# command line moved to ringrun gets the fix in its one error line.
+_RDZV = "ringrun is the job's rendezvous: drop the flag (--master-addr/--master-port set its address)"
+TORCHRUN_HINTS = {
+    "--nproc-per-node": "ringrun takes the job's total, -np N (with -H host1:K,host2:K for K per host)",
+    "--nnodes": "ringrun lists the hosts with -H host1:K,host2:K (or --hostfile); "
+                "--min-np/--max-np make a resizable job",
+    "--node-rank": "ringrun starts every host's ranks itself, over ssh: run it once, on one host",
+    "--standalone": "ringrun on one host needs no rendezvous flag: drop it",
+    "--rdzv-backend": _RDZV, "--rdzv-endpoint": _RDZV, "--rdzv-id": _RDZV, "--rdzv-conf": _RDZV,
+    "--master-addr": "ringrun spells it --master-addr ADDR",
+    "--master-port": "ringrun spells it --master-port PORT",
+    "--max-restarts": "ringrun spells it --max-restarts K",
+    "--log-dir": "--output-filename DIR writes each rank's output to DIR/rank.N.log",
+    "--redirects": "--output-filename DIR writes each rank's output to DIR/rank.N.log",
+    "--tee": "--output-filename DIR writes each rank's output to DIR/rank.N.log",
+    "--no-python": "ringrun runs the command as given: ringrun -np N ./program",
+    "-m": "ringrun runs the command as given: ringrun -np N python -m MODULE",
+    "--module": "ringrun runs the command as given: ringrun -np N python -m MODULE",
+}
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = OneLineParser(
+        hints=TORCHRUN_HINTS,
         prog="ringrun",
         description="Start N copies of a training script with the ringtrain environment.",
         epilog="Example: ringrun -np 2 python examples/mnist_cnn.py",

@@ -51,6 +51,14 @@ def test_settings_flags_are_derived_from_the_settings_fields() -> None:
 
 @pytest.mark.parametrize("argv,fragment", [
     (["-np", "2", "--bogus", PY], "unrecognized arguments: --bogus"),
+    # torchrun's flags name what ringrun takes instead
+    (["--nproc-per-node", "2", PY], r"--nproc-per-node: ringrun takes the job's total, -np N"),
+    (["--nproc_per_node=2", PY], r"--nproc_per_node=2: ringrun takes the job's total, -np N"),
+    (["-np", "2", "--nnodes=1", PY], r"ringrun lists the hosts with -H"),
+    (["-np", "2", "--standalone", PY], r"needs no rendezvous flag"),
+    (["-np", "2", "--rdzv_backend", "c10d", PY], r"ringrun is the job's rendezvous"),
+    (["-np", "2", "--master_port", "29500", PY], r"ringrun spells it --master-port PORT"),
+    (["-np", "2", "-m", "pkg.train"], r"ringrun -np N python -m MODULE"),
     (["-np", "2", "-H", "localhost:1,127.0.0.1:1", PY], "listed more than once"),
     (["-np", "1", "--start-timeout", "0", PY], "--start-timeout must be > 0"),
     (["-np", "1", "--start-timeout", "nan", PY], "--start-timeout must be > 0"),
