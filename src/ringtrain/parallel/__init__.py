@@ -14,6 +14,7 @@ runs stages with GPipe or 1F1B micro-batch schedules. One module per concern:
 - :mod:`~ringtrain.parallel.shard`    FSDP2, with its gathers and scatters timed
 - :mod:`~ringtrain.parallel.pipeline` the stage and its schedule, with the bubble timed
 - :mod:`~ringtrain.parallel.memory`   measured bytes of training state per rank
+- :mod:`~ringtrain.parallel.clip`     gradient clipping by the whole model's norm
 - :mod:`~ringtrain.parallel.engine`   :func:`parallelize` and :class:`Parallel`
 
 Example (docs/parallel.md has more)::

@@ -29,6 +29,7 @@ from torch import nn
 from ringtrain import events, inflight, runtime
 from ringtrain.agreement.ranks import settle
 from ringtrain.errors import CheckpointError, ConfigError, rank_list
+from ringtrain.parallel.clip import clip_grad_norm
 from ringtrain.parallel.layout import Coords, Layout
 from ringtrain.parallel.memory import StateMemory, state_memory
 from ringtrain.parallel.mesh import Mesh, build_mesh
@@ -141,10 +142,27 @@ class Parallel:
             loss = self.loss_fn(self.module(inputs), targets)
             loss.backward()
             local = loss.detach()
-        value = self._global_loss(local)
+        value = self._global_loss(local, targets)
         if optimizer is not None:
             self.update(optimizer)
         return value
+
+    def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> float:
+        """Scale the gradients so that the whole model's gradient norm is at most ``max_norm``.
+
+        ``torch.nn.utils.clip_grad_norm_`` over one process's model, for any layout:
+        the norm is taken over every stage's gradients and each shard counted once
+        (``clip_grad_norm_(par.parameters())`` itself sees one pipeline stage, and
+        refuses tensor-parallel layers mixed with whole ones). Collective over the
+        world: call it on every rank, between ``step()`` and ``update()``. Returns the
+        total norm before clipping.
+        """
+        # Ranks that hold this stage: the element of a gradient that is not sharded
+        # over all of them is on several ranks (see ringtrain.parallel.clip).
+        holders = self.layout.size() // self.layout.pipeline
+        world = self.layout.size() > 1
+        return clip_grad_norm(self.module.parameters(), max_norm, norm_type, holders=holders,
+                              device=self._comm_device() if world else None)
 
     def update(self, optimizer: torch.optim.Optimizer) -> None:
         """``optimizer.step()`` and ``zero_grad()``, metered as the step's update."""
@@ -277,19 +295,42 @@ class Parallel:
         nccl = dist.get_backend() == "nccl"
         return self.device if nccl else torch.device("cpu")
 
-    def _global_loss(self, local: torch.Tensor | None) -> float:
+    def _global_loss(self, local: torch.Tensor | None, targets: Any) -> float:
+        """The global batch's mean loss; a ConfigError if the data ranks' batch sizes differ.
+
+        FSDP2 averages the data ranks' gradients and this averages their mean losses:
+        the global batch's mean only when every data rank's batch has as many samples.
+        A rank with a shorter batch would be weighed more than its share, silently, so
+        the same all-reduce carries each data rank's sample count and every rank checks
+        them. (Sequence lengths may differ between data ranks, as under FSDP2 and DDP:
+        each rank's per-token mean then counts equally.)
+        """
         if self.layout.size() == 1:
             return float(local) if local is not None else float("nan")
-        # Each (data rank) loss counted once: by the last stage's first tensor rank.
+        d = self.data_size
+        # Each (data rank) loss and size counted once: by the last stage's first tensor
+        # rank, which has the targets in every layout.
         owner = self.is_last_stage and self.coords.tensor == 0 and local is not None
         comm_device = self._comm_device()
-        value = torch.zeros((), dtype=torch.float64, device=comm_device)
+        value = torch.zeros(1 + d, dtype=torch.float64)  # the loss, then each data rank's samples
         if owner:
             assert local is not None
-            value += local.to(comm_device, torch.float64)
+            value[0] = float(local)
+            value[1 + self.data_rank] = _samples(targets)
+        value = value.to(comm_device)
         inflight.hold(value)
         dist.all_reduce(value)
-        return float(value) / self.data_size
+        totals = value.cpu().tolist()
+        sizes = [int(n) for n in totals[1:]]
+        if any(n != sizes[0] for n in sizes):
+            listed = ", ".join(f"data rank {r}: {n} samples" for r, n in enumerate(sizes))
+            raise ConfigError(
+                f"the data ranks' batches differ in size ({listed}); the step averages the "
+                "ranks' mean losses and gradients, which is the global batch's mean only "
+                "when every data rank has the same batch size: use the loader's padding or "
+                "drop_last=True (this step's gradients are kept: call optimizer.zero_grad() "
+                "before the next step)")
+        return totals[0] / d
 
     # -- state --------------------------------------------------------------------------
 
@@ -316,7 +357,14 @@ class Parallel:
         return merged
 
     def state_dict(self, optimizer: torch.optim.Optimizer | None = None) -> dict[str, Any]:
-        """Model (and optimizer) state keyed by the full model's names, as DCP saves it."""
+        """Model (and optimizer) state keyed by the full model's names, as DCP saves it.
+
+        An optimizer that never stepped keeps its empty state (see :meth:`_state`).
+        """
+        return self._state(optimizer)[0]
+
+    def _state(self, optimizer: torch.optim.Optimizer | None) -> tuple[dict[str, Any], bool]:
+        """:meth:`state_dict`, and whether its optimizer state was made up (never stepped)."""
         from torch.distributed.checkpoint.state_dict import (
             StateDictOptions,
             get_model_state_dict,
@@ -325,9 +373,20 @@ class Parallel:
 
         options = StateDictOptions(flatten_optimizer_state_dict=True)
         if optimizer is None:
-            return {"model": get_model_state_dict(self.module, options=options)}
+            return {"model": get_model_state_dict(self.module, options=options)}, False
+        fresh = not optimizer.state and all(
+            q.grad is None for group in optimizer.param_groups for q in group["params"])
         model_sd, optim_sd = get_state_dict(self.module, optimizer, options=options)
-        return {"model": model_sd, "optimizer": optim_sd}
+        made_up = fresh and bool(optimizer.state)
+        if made_up:
+            # get_state_dict creates the state of an optimizer that never stepped by one
+            # step() with zero gradients at lr 0 (torch's _init_optim_state): it counts a
+            # step (Adam's bias correction then takes the first real update for the
+            # second) and, with L2 weight decay, fills momentum buffers. Handing the
+            # optimizer its empty state back keeps a run that asked for its state (a
+            # save at step 0, load()'s template) the run that did not.
+            optimizer.state.clear()
+        return {"model": model_sd, "optimizer": optim_sd}, made_up
 
     def load_state_dict(self, state: Mapping[str, Any],
                         optimizer: torch.optim.Optimizer | None = None) -> None:
@@ -349,7 +408,15 @@ class Parallel:
         """Save this layout's state to ``path`` with ``rt.checkpoint.save_sharded``."""
         from ringtrain import checkpoint
 
-        state = self.state_dict(optimizer)
+        state, made_up = self._state(optimizer)
+        if made_up:
+            # Its state would be the one get_state_dict makes up (see _state): a run
+            # resumed from it would not continue as the fresh optimizer does.
+            raise ConfigError(
+                f"par.save({path!r}, optimizer): the optimizer has not stepped yet, so it "
+                "has no state to save; save the model alone (par.save(path)) and load it "
+                "with par.load(path), the optimizer starting fresh as it did here, or save "
+                "after the first update")
         if extra:
             state.update(extra)
         return checkpoint.save_sharded(path, state)
@@ -410,8 +477,36 @@ def _check(model: nn.Module, layout: Layout, split: str | Sequence[str],
         # does); with tensor=1 it splits nothing, but a wrong one (a pattern matching no
         # module, a layer that is not linear) must not wait for tensor > 1 to show.
         check_plan(model, resolve_plan(model, tensor_plan), 1)
+    _check_batch_norm(model, layout)
     groups = split_units(model, layout.pipeline, split) if layout.pipeline > 1 else None
     return resolved, groups
+
+
+def _check_batch_norm(model: nn.Module, layout: Layout) -> None:
+    """A warning for a training-mode batch norm when the layout splits the batch.
+
+    Batch norm normalises by the statistics of the batch it sees: each data rank's
+    shard and each pipeline micro-batch, not the global batch, as under FSDP2 and DDP
+    (where ResNets train this way), so the outputs and gradients differ from one
+    process's, and the running statistics differ between data replicas (FSDP2 does not
+    reconcile buffers; DDP broadcasts rank 0's). Said once, not refused: it is how
+    these models train data-parallel.
+    """
+    parts = [f"data {layout.data}"] if (layout.data or 1) > 1 else []
+    if layout.pipeline > 1 and layout.m > 1:
+        parts.append(f"{layout.m} micro-batches")
+    if not parts:
+        return
+    for name, module in model.named_modules():
+        if isinstance(module, nn.modules.batchnorm._BatchNorm) and module.training:
+            warnings.warn(
+                f"{name or 'the model'} is a {type(module).__name__} in training mode and this "
+                f"layout ({' and '.join(parts)}) normalises each rank's shard or micro-batch "
+                "by its own statistics, as FSDP2 and DDP do: the running statistics differ "
+                "between data replicas (each checkpoint keeps one replica's); use LayerNorm or "
+                "GroupNorm, or torch.nn.SyncBatchNorm (on GPUs) for the global batch's statistics",
+                stacklevel=3)
+            return
 
 
 def _check_unpipelined(layout: Layout, split: str | Sequence[str] | None,
@@ -434,6 +529,13 @@ def _check_unpipelined(layout: Layout, split: str | Sequence[str] | None,
 
 _NO_DATA = ("step() needs inputs and targets on every rank when there is no pipeline "
             "(every rank reads its data shard)")
+
+
+def _samples(targets: Any) -> float:
+    """The samples of a targets tensor (its first dimension); -1 for anything else."""
+    if not isinstance(targets, torch.Tensor):
+        return -1.0
+    return float(targets.shape[0] if targets.dim() else 1)
 
 
 def _batch_sum(batch: Any) -> float:
