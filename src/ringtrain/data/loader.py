@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import math
 import numbers
+import os
 import time
 import warnings
 import weakref
@@ -42,6 +43,7 @@ from ringtrain.data.order import BatchIndexer, EpochPlan, ShardIndexer, ShardPla
 from ringtrain.data.prefetch import CudaBackend, DeviceStager, StagerBackend
 from ringtrain.data.protocol import Failed
 from ringtrain.data.workers import SampleError, load_batch, prefetch_next
+from ringtrain.env import parse_env
 from ringtrain.errors import DataError
 
 __all__ = ["Loader"]
@@ -54,6 +56,19 @@ _STATE_VERSION = 1
 def _runtime_world() -> tuple[int, int, int]:
     """(rank, world size, processes on this host): see ringtrain.runtime.job_world."""
     return runtime.job_world()
+
+
+def _unjoined_job() -> tuple[int, int, str] | None:
+    """(rank, size, launcher) of a job of several processes that the launch environment
+    names but this process has not joined (no ``rt.init()``, no process group), else
+    None. The loader then shards over a world of one: every rank reads every sample."""
+    if _runtime_world()[1] > 1:
+        return None
+    try:
+        env = parse_env(os.environ)
+    except Exception:  # an odd environment is rt.init()'s to report, not the loader's
+        return None
+    return (env.rank, env.size, env.launcher) if env.size > 1 else None
 
 
 def _runtime_device() -> torch.device:
@@ -167,8 +182,9 @@ class Loader:
             ``on_device(batch, device)`` method (``DecodeCrop(device="cuda").collate``),
             the loader runs that on each batch in the training process before handing it
             over: on CUDA on its side stream, ahead of the loop (GPU decode).
-        prefetch: batches loaded ahead of the training loop (default 2 per worker).
-        rank, world_size: this process's shard; default from ``rt.init()`` or 0 / 1.
+        prefetch: batches loaded ahead of the training loop (default 4 per worker; 2 for batches over 8 MiB).
+        rank, world_size: this process's shard; default from ``rt.init()`` or 0 / 1
+            (a warning when the launcher started several processes not joined).
         start_method: ``"fork"`` (default on Linux), ``"forkserver"`` or ``"spawn"``.
         worker_init_fn: ``f(worker_id)`` run once in each worker.
         seed_workers: seed ``random``/``numpy``/``torch`` in workers per batch (per half
@@ -298,6 +314,10 @@ class Loader:
         self._staged = 0
         self._indexer: BatchIndexer | ShardIndexer | None = None
         self._gap_from: float | None = None
+        self._checked_world = False  # see _warn_unjoined
+        # The pass that a new pass (or load_state_dict) ended while unfinished: (its
+        # generation, what ended it, epoch, batches handed out, batches in all).
+        self._ended: tuple[int, str, int, int, int] | None = None
 
         self._on_device = getattr(collate_fn, "on_device", None)
         self._images = _image_decoding(dataset)
@@ -359,9 +379,10 @@ class Loader:
     def __iter__(self) -> Iterator[Any]:
         self._settle()
         if self._active:
-            self._abandon()
+            self._abandon("a new iter(loader)")
         self._sync()
         self._check_dataset()
+        self._warn_unjoined()
         if not self._finalizer.alive:
             # close() ran (or a with-block ended): this iteration starts fresh workers,
             # which need a finalizer again, or they outlived the loader until exit.
@@ -465,7 +486,7 @@ class Loader:
             raise DataError(f"loader state is for a sharded dataset (layout "
                             f"{state.get('layout')!r}) but this loader reads a map-style one")
         if self._active:
-            self._abandon()
+            self._abandon("load_state_dict()")
         self._pending_epoch = None  # the state says where the next pass starts
         self._epoch, self._start, self._resumed = self._normalise(epoch, position, resumed)
         finished = state.get("finished_epoch")
@@ -539,6 +560,23 @@ class Loader:
         if n <= 0:
             raise DataError(f"the dataset {type(self.dataset).__name__} is empty (len {n}); "
                             "give the loader at least one sample")
+
+    def _warn_unjoined(self) -> None:
+        """Once per loader: a launched job of several processes that this one has not
+        joined shards over a world of one, so every process reads every sample each epoch
+        (DistributedSampler raises there instead: it needs a process group)."""
+        if self._checked_world or self._world_size is not None:
+            return
+        self._checked_world = True
+        job = _unjoined_job()
+        if job is not None:
+            rank, size, launcher = job
+            warnings.warn(
+                f"this process is rank {rank} of {size} ({launcher}'s environment) but has not "
+                "joined the job (no rt.init(), no torch.distributed process group), so the "
+                f"loader reads the whole dataset here, as on every other rank: each sample "
+                f"{size} times per epoch; call rt.init() before iterating, or pass rank= and "
+                "world_size=", stacklevel=3)
 
     def _shard(self) -> tuple[int, int]:
         if self._rank is not None and self._world_size is not None:
@@ -641,6 +679,17 @@ class Loader:
     # ---- iteration --------------------------------------------------------------------
     def _next(self, gen: int) -> Any:
         if gen != self._gen or not self._active:
+            ended = self._ended
+            if ended is not None and ended[0] == gen:
+                # A loop still reading a pass that a new one replaced (a next(iter(loader))
+                # inside it, zip(loader, loader)) ended there without a word, its epoch's
+                # other batches never trained on.
+                _, by, epoch, done, total = ended
+                raise DataError(
+                    f"this pass over the loader (epoch {epoch}, {done} of {total} batches "
+                    f"handed out) was ended by {by}: a Loader runs one pass at a time. "
+                    "Keep a batch this loop received instead of next(iter(loader)), or read a "
+                    "second stream from a second Loader")
             raise StopIteration
         plan = self._plan
         assert plan is not None
@@ -742,8 +791,13 @@ class Loader:
             self._staged += 1
         return stager.pop()
 
-    def _abandon(self) -> None:
-        """Forget an unfinished iteration (the loop broke out of it)."""
+    def _abandon(self, by: str) -> None:
+        """Forget an unfinished iteration (the loop broke out of it, or ``by`` ended it
+        under a loop that goes on: its iterator says so, see :meth:`_next`)."""
+        plan = self._plan
+        if plan is not None:
+            self._ended = (self._gen, by, plan.epoch, plan.first_batch + self._yielded,
+                           plan.first_batch + plan.num_batches)
         self._feed.abandon()
         self._active = False
         self._gen += 1

@@ -151,6 +151,12 @@ class StreamShards(Shards):
             if sample is _END:
                 raise DataError(f"shard {self.shard_names[shard]} ended after fewer than "
                                 f"{o + 1} samples, but its size is {self.shard_sizes[shard]}")
+            if o + 1 == self.shard_sizes[shard] and next(it, _END) is not _END:
+                # A size too small (a stale manifest) lost the shard's later samples
+                # without a word; reading one more at its end costs at most one record.
+                raise DataError(f"shard {self.shard_names[shard]} has more samples than its "
+                                f"size {self.shard_sizes[shard]}; pass the right sizes, or "
+                                "leave sizes out to count them")
             self._cursors[shard] = (it, o + 1)
             out.append(sample)
         while len(self._cursors) > 2:  # a batch spans at most two shards
