@@ -20,7 +20,6 @@ from __future__ import annotations
 import logging
 import math
 import numbers
-import os
 import time
 import warnings
 import weakref
@@ -43,7 +42,6 @@ from ringtrain.data.order import BatchIndexer, EpochPlan, ShardIndexer, ShardPla
 from ringtrain.data.prefetch import CudaBackend, DeviceStager, StagerBackend
 from ringtrain.data.protocol import Failed
 from ringtrain.data.workers import SampleError, load_batch, prefetch_next
-from ringtrain.env import parse_env
 from ringtrain.errors import DataError
 
 __all__ = ["Loader"]
@@ -64,11 +62,7 @@ def _unjoined_job() -> tuple[int, int, str] | None:
     None. The loader then shards over a world of one: every rank reads every sample."""
     if _runtime_world()[1] > 1:
         return None
-    try:
-        env = parse_env(os.environ)
-    except Exception:  # an odd environment is rt.init()'s to report, not the loader's
-        return None
-    return (env.rank, env.size, env.launcher) if env.size > 1 else None
+    return runtime.launched_world()
 
 
 def _runtime_device() -> torch.device:

@@ -40,6 +40,7 @@ __all__ = [
     "init",
     "is_initialized",
     "job_world",
+    "launched_world",
     "local_rank",
     "local_size",
     "rank",
@@ -189,3 +190,16 @@ def job_world() -> tuple[int, int, int]:
             local = 1
         return dist.get_rank(), dist.get_world_size(), local
     return 0, 1, 1
+
+
+def launched_world() -> tuple[int, int, str] | None:
+    """(rank, size, launcher) of the job of several processes that the launch
+    environment names (ringrun, torchrun, mpirun, srun), whether or not this process
+    joined it; None for one process or an environment ``rt.init()`` would refuse (that
+    is for ``rt.init()`` to report). Lets the parts that work without ``rt.init()`` see
+    that they were launched into a job they did not join."""
+    try:
+        env = parse_env(os.environ)
+    except Exception:  # noqa: BLE001 - any odd environment: rt.init() says what is wrong
+        return None
+    return (env.rank, env.size, env.launcher) if env.size > 1 else None
