@@ -161,6 +161,20 @@ class DistributedOptimizer(torch.optim.Optimizer):
         # gradient while the others are averaged, which is how Horovod and DDP let the
         # replicas drift apart.
         self._later = later
+        self._added = 0  # parameters add_param_group brought
+        self._quiet: set[int] = set()  # ... adopted without the warning: DDP exchanges them too
+        # sync_at="backward": a named parameter that no group holds but that trains (the
+        # optimizer built over the head, the backbone added later or never) is exchanged
+        # too, from its first gradient, as DDP averages every parameter of its model: a
+        # clip over model.parameters() read its local gradient, and the ranks' clipped
+        # updates differed (0.06 apart after 4 steps), silently. One that another
+        # DistributedOptimizer exchanges is left to it (_elsewhere).
+        self._passengers: set[int] = set()
+        self._retired_by: str | None = None  # a parameter outside our groups a newer one took
+        if sync_at == "backward":
+            self._later += self._outside
+            self._passengers = {id(p) for _, p in self._outside}
+            self._quiet |= self._passengers
         mb = fusion_mb if fusion_mb is not None else runtime.settings().fusion_mb
         if not mb > 0:
             raise ConfigError(f"fusion_mb must be > 0, got {mb}")
@@ -221,7 +235,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         for p in params:
             previous = _owner(p)
             if previous is not None and previous is not self:
-                previous._retire()
+                previous._retire(p)
             _OWNER[id(p)] = (weakref.ref(p, partial(_forget, id(p))), me)
 
     # -- the wrapped optimizer's state is ours ------------------------------------------
@@ -265,7 +279,11 @@ class DistributedOptimizer(torch.optim.Optimizer):
     def _collect(
         self, named_parameters: Iterable[tuple[str, torch.nn.Parameter]] | None
     ) -> tuple[list[torch.nn.Parameter], list[str], list[tuple[str, torch.nn.Parameter]]]:
-        """(parameters to exchange, their names, the frozen ones with names)."""
+        """(parameters to exchange, their names, the frozen ones with names); keeps every
+        name given in ``_name_of``, for a group added later (``add_param_group``), and in
+        ``_outside`` the named ones outside the optimizer that require a gradient."""
+        self._name_of: dict[int, str] = {}
+        self._outside: list[tuple[str, torch.nn.Parameter]] = []
         every = list(dict.fromkeys(p for g in self._inner.param_groups for p in g["params"]))
         in_groups = [p for p in every if p.requires_grad]
         frozen = [p for p in every if not p.requires_grad]
@@ -287,6 +305,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 "name (pass one model's named_parameters(), or prefix each model's names)"
             )
         by_id = {id(p): n for n, p in pairs}
+        self._name_of = by_id
+        mine = {id(p) for p in every}
+        self._outside = [(n, p) for n, p in pairs if id(p) not in mine and p.requires_grad]
         missing = [i for i, p in enumerate(in_groups) if id(p) not in by_id]
         if missing:
             raise ConfigError(
@@ -308,13 +329,23 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
     # -- backward side ------------------------------------------------------------------
 
-    def _retire(self) -> None:
-        """A newer DistributedOptimizer covers some of our parameters: stop counting."""
+    def _retire(self, param: torch.Tensor | None = None) -> None:
+        """A newer DistributedOptimizer covers some of our parameters (``param``, one of
+        them): stop counting."""
         _remove_all(self._hook_handles)
         self._retired = True
+        if param is not None and id(param) in self._passengers:
+            self._retired_by = self._name_of.get(id(param), "?")
 
     def _on_grad_ready(self, index: int) -> None:
         with self._lock:
+            if self._synchronized and self.sync_at == "backward" and not self._user_synchronized:
+                # Another backward before step() (accumulation without DDP's no_sync()):
+                # DDP exchanges it again, adding to the .grad that is already the
+                # average, so the result is the average of the passes' sum. Start a new
+                # round of this step's exchange (backward_passes_per_step=k exchanges
+                # once per k passes instead).
+                self._reset(step_done=False)
             if self._synchronized:
                 raise OptimizerUsageError(
                     f"backward() reached parameter {self._names[index]!r} after this step's "
@@ -510,9 +541,17 @@ class DistributedOptimizer(torch.optim.Optimizer):
         buckets), so from the next step on they travel overlapped with backward. Every
         rank meets them at the same step; the store check below names a rank that did
         not (a rank-dependent ``requires_grad``) instead of pairing unlike exchanges."""
-        new = [(n, p) for n, p in self._later if p.requires_grad and p.grad is not None]
+        # Parameters outside the groups join together at the first exchange, whether this
+        # rank used them or not (zeros then, as DDP's unused ones), so every rank adopts the
+        # same set even where only some ranks use one.
+        new = [(n, p) for n, p in self._later if p.requires_grad
+               and (p.grad is not None or id(p) in self._passengers)
+               and not (id(p) in self._passengers and self._elsewhere(p))]
         if not new:
             return
+        for _, p in new:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
         grads = [p.grad for _, p in new if p.grad is not None]
         sparse = [n for (n, _), g in zip(new, grads, strict=True) if g.is_sparse]
         if sparse:
@@ -520,11 +559,13 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 f"parameter {sparse[0]!r} was frozen when the optimizer was wrapped and has a "
                 "sparse gradient now; wrap the optimizer again after unfreezing it")
         names = [n for n, _ in new]
-        warnings.warn(
-            f"{len(new)} parameter(s) frozen when the DistributedOptimizer was wrapped have "
-            f"gradients now (first {names[0]!r}): their gradients are combined across ranks "
-            "from this step on (Horovod and DDP leave them local, and replicas drift)",
-            stacklevel=3)
+        unfrozen = [n for n, p in new if id(p) not in self._quiet]
+        if unfrozen:
+            warnings.warn(
+                f"{len(unfrozen)} parameter(s) frozen when the DistributedOptimizer was wrapped "
+                f"have gradients now (first {unfrozen[0]!r}): their gradients are combined "
+                "across ranks from this step on (Horovod and DDP leave them local, and replicas "
+                "drift)", stacklevel=3)
         tensors = [p for _, p in new]
         if not self._self_checking:
             sync.check_exchange(self._algorithm, [(n, tuple(p.shape), p.dtype) for n, p in new],
@@ -550,12 +591,21 @@ class DistributedOptimizer(torch.optim.Optimizer):
             self._hook_handles.append(handle)
             previous = _owner(p)
             if previous is not None and previous is not self:
-                previous._retire()
+                previous._retire(p)
             _OWNER[id(p)] = (weakref.ref(p, partial(_forget, id(p))), me)
         adopted = {id(p) for p in tensors}
+        self._quiet -= adopted
         self._later = [(n, p) for n, p in self._later if id(p) not in adopted]
         self._fusion.add(names, tensors, [i for i in range(len(self._params)) if i not in self._sparse])
         self._layout_checked = False
+
+    def _elsewhere(self, p: torch.Tensor) -> bool:
+        """A parameter outside our groups that another live DistributedOptimizer (two
+        optimizers over one model's named_parameters) or a periodic one exchanges, or
+        with a sparse gradient: not ours to exchange."""
+        other = _owner(p)
+        return ((other is not None and other is not self and not other._retired)
+                or claims.holder(p) is not None or (p.grad is not None and p.grad.is_sparse))
 
     def _unused(self, bucket: Bucket) -> set[int]:
         """Members (positions) no rank had a gradient for: their ``.grad`` is None again."""
@@ -625,7 +675,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
             p.grad = torch.sparse_coo_tensor(indices.t(), values * factor if factor != 1.0 else values,
                                              p.shape).coalesce()
 
-    def _reset(self) -> None:
+    def _reset(self, step_done: bool = True) -> None:
+        """Start the next step (or, ``step_done=False``, another exchange round of this
+        one: a backward after the exchange under ``sync_at="backward"``)."""
         for bucket in self._fusion.buckets:
             bucket.pending = len(bucket.spec.params)
             bucket.handle = None
@@ -638,7 +690,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._seen_sparse = set()
         self._densified = set()
         self._handed = {}
-        self._steps += 1
+        if step_done:
+            self._steps += 1
 
     def world_changed(self) -> None:
         """The job moved to a world of another size (a resizable job, ``rt.elastic``):
@@ -671,7 +724,12 @@ class DistributedOptimizer(torch.optim.Optimizer):
             raise ConfigError(
                 "this DistributedOptimizer was replaced: a newer one wraps some of the same "
                 "parameters, and only the newest exchanges their gradients; step the new one "
-                "(or wrap disjoint parameters in each)")
+                "(or wrap disjoint parameters in each)"
+                + ("" if self._retired_by is None else
+                   f"; its parameter {self._retired_by!r} is in none of this optimizer's groups, "
+                   "but named_parameters named it, so this one exchanged it from its first step "
+                   "(as DDP averages every parameter of its model): give each optimizer only its "
+                   "own parameters' names, or build every optimizer before the first step"))
 
     def step(self, closure: Callable[[], float] | None = None) -> Any:  # type: ignore[override]
         self._check_live()
@@ -769,10 +827,35 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._inner.load_state_dict(state_dict)
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
-        raise ConfigError(
-            "add_param_group on a DistributedOptimizer is not supported: add the group to the "
-            "wrapped optimizer before wrapping it"
-        )
+        """Add a group to the wrapped optimizer (a backbone trained later, with its own
+        learning rate). Its parameters are exchanged from the first step they have a
+        gradient, as those frozen at wrapping (``_adopt_unfrozen``), without the warning:
+        DDP averages every parameter of its model whichever optimizer steps it, so such a
+        script trains as one process on the global batch there. Horovod never exchanges
+        an added parameter, and its replicas drift apart silently."""
+        self._check_live()
+        known = {id(p) for p in self._params} | {id(p) for _, p in self._later}
+        self._inner.add_param_group(param_group)  # torch checks the group (duplicates, options)
+        group = self._inner.param_groups[-1]["params"]
+        new = [p for p in group if id(p) not in known]
+        periodic = [p for p in new if claims.holder(p) is not None]
+        if periodic:
+            holder = claims.holder(periodic[0])
+            del self._inner.param_groups[-1]
+            raise ConfigError(
+                f"{len(periodic)} parameter(s) of the new group are synced by a live "
+                f"rt.{type(holder).__name__}; a DistributedOptimizer would exchange their "
+                "gradients after every backward as well: drop the periodic one (del it) first")
+        self._passengers -= {id(p) for p in group}  # in a group now: exchanged as any member
+        for p in new:
+            self._added += 1
+            self._later.append((self._name_of.get(id(p), f"added{self._added - 1}"), p))
+            self._quiet.add(id(p))
+        if self._synchronized:
+            # Added between the exchange and step() (after backward() under DDP's
+            # semantics): the exchange is over, so exchange the new gradients now, or this
+            # step would use each rank's own.
+            self._adopt_unfrozen()
 
     def register_step_pre_hook(self, hook: Callable[..., Any]) -> Any:
         return self._inner.register_step_pre_hook(hook)

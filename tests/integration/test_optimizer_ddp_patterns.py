@@ -150,9 +150,10 @@ def _mistakes() -> list[str]:
         opt.zero_grad()  # after step(): fine
     model = torch.nn.Linear(3, 1)
     opt = rt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
-                                  named_parameters=model.named_parameters())
+                                  named_parameters=model.named_parameters(), sync_at="step")
     model(torch.ones(2, 3)).sum().backward()
-    try:  # a second pass after the step's exchange, without zero_grad(): accumulation
+    opt.synchronize()
+    try:  # Horovod's contract: a pass after the step's exchange, before step()
         model(torch.ones(2, 3)).sum().backward()
         out.append("")
     except rt.errors.ConfigError as exc:
