@@ -65,6 +65,33 @@ def _unjoined_job() -> tuple[int, int, str] | None:
     return runtime.launched_world()
 
 
+# DataLoader's (and StatefulDataLoader's) arguments the Loader does not take, and what
+# to write instead: a script moved from DataLoader gets the fix in one line.
+_DATALOADER_ONLY = {
+    "sampler": "it picks and splits the samples itself (shuffle=, seed=, drop_last=, "
+               "rank=/world_size=); keep DataLoader for a custom sampler",
+    "batch_sampler": "it makes the batches itself (batch_size=, drop_last=, shuffle=, seed=); "
+                     "keep DataLoader for a custom batch sampler",
+    "generator": "pass seed= (the order is a pure function of seed, epoch, rank and world size)",
+    "persistent_workers": "its workers stay up across epochs already: drop the argument",
+    "prefetch_factor": "pass prefetch=N, the batches loaded ahead in all (default 4 per worker)",
+    "multiprocessing_context": "pass start_method= ('fork', 'forkserver' or 'spawn')",
+    "pin_memory_device": "batches go to device= (staged through pinned memory on CUDA)",
+    "in_order": "its batches always come in order: drop the argument",
+    "snapshot_every_n_steps": "its state_dict() is exact at every batch: drop the argument",
+}
+
+
+def _refuse_dataloader_only(given: dict[str, Any]) -> None:
+    """A DataLoader argument is a DataError naming what to use; any other unknown one is
+    the TypeError Python gives."""
+    for name in given:
+        if name in _DATALOADER_ONLY:
+            raise DataError(f"rt.data.Loader takes no {name}=: {_DATALOADER_ONLY[name]}")
+    if given:
+        raise TypeError(f"Loader.__init__() got an unexpected keyword argument {next(iter(given))!r}")
+
+
 def _runtime_device() -> torch.device:
     try:
         return runtime.device()
@@ -209,7 +236,9 @@ class Loader:
                  worker_init_fn: Callable[[int], None] | None = None,
                  seed_workers: bool = True, zero_copy: bool = True, keep: int = 4,
                  pin_memory: bool | None = None, device_prefetch: int = 2,
-                 timeout: float | None = None, max_workers: int | None = None) -> None:
+                 timeout: float | None = None, max_workers: int | None = None,
+                 **dataloader_only: Any) -> None:
+        _refuse_dataloader_only(dataloader_only)
         self._sharded = _check_kind(dataset)
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0:
             raise DataError(f"batch_size must be a positive int, got {batch_size!r}")

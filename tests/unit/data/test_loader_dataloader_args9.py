@@ -1,0 +1,33 @@
+"""DataLoader's arguments that rt.data.Loader does not take are one DataError naming what
+to use instead (a script moved from DataLoader); any other unknown keyword stays
+Python's TypeError. No workers start: the check comes first."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ringtrain.data import Loader
+from ringtrain.errors import DataError
+
+DATA = list(range(8))
+
+
+@pytest.mark.parametrize("name,value,fix", [
+    ("sampler", torch.utils.data.SequentialSampler(DATA), "keep DataLoader for a custom sampler"),
+    ("batch_sampler", None, "makes the batches itself"),
+    ("generator", torch.Generator(), "pass seed="),
+    ("persistent_workers", True, "stay up across epochs already"),
+    ("prefetch_factor", 2, "pass prefetch=N"),
+    ("multiprocessing_context", "spawn", "pass start_method="),
+    ("pin_memory_device", "cuda", "batches go to device="),
+    ("in_order", True, "always come in order"),
+])
+def test_a_dataloader_argument_names_what_to_use(name: str, value: object, fix: str) -> None:
+    with pytest.raises(DataError, match=f"rt.data.Loader takes no {name}=: .*{fix}"):
+        Loader(DATA, batch_size=2, num_workers=0, **{name: value})
+
+
+def test_another_unknown_argument_is_pythons_type_error() -> None:
+    with pytest.raises(TypeError, match="unexpected keyword argument 'bogus'"):
+        Loader(DATA, batch_size=2, num_workers=0, bogus=1)
