@@ -84,11 +84,10 @@ def scatter_from_root(objs: list[Any] | None, name: str) -> Any:
             if problem is not None:
                 break
             raws.append(raw)
-    lengths_t = torch.tensor([len(r) for r in raws] if problem is None and raws else [0] * size,
-                             dtype=torch.int64)
-    if rank == 0 and problem is not None:
-        lengths_t.fill_(-1)
-    lengths = collectives.broadcast(lengths_t, root_rank=0, name=f"{name} (sizes)").tolist()
+    # Rank 0's sizes (the others' placeholder is overwritten); -1: it could not pickle one.
+    mine = [-1] * size if problem is not None else [len(r) for r in raws] or [0] * size
+    sizes = torch.tensor(mine, dtype=torch.int64)
+    lengths = collectives.broadcast(sizes, root_rank=0, name=f"{name} (sizes)").tolist()
     if min(lengths) < 0:
         raise ConfigError(collectives.broadcast_object(problem, root_rank=0, name=f"{name} (errors)"))
     # Padded to the longest, as dist.scatter wants one shape (the ranks' states differ by

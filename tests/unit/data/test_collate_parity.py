@@ -11,18 +11,17 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from datahelp import Items, packed_half
 from torch.utils.data import DataLoader
 from torch.utils.data import default_collate as torch_collate
 
 from ringtrain.data import Loader
 from ringtrain.data.collate import (
     STREAM_MIN_BYTES,
-    Arena,
     StreamCollator,
     default_collate,
     fresh_alloc,
     join_halves,
-    pack,
     unpack,
 )
 from ringtrain.data.prefetch import tree_map
@@ -33,17 +32,6 @@ WORKERS = [0, 2, "auto"]
 
 class Tagged(list):  # type: ignore[type-arg]
     """A list subclass: torch's collate keeps it (a copy of the first sample)."""
-
-
-class Items:
-    def __init__(self, items: list[Any]) -> None:
-        self.items = items
-
-    def __len__(self) -> int:
-        return len(self.items)
-
-    def __getitem__(self, i: int) -> Any:
-        return self.items[i]
 
 
 def _f(first: Any, later: Any, i: int, cut: int = 1) -> Any:
@@ -133,18 +121,7 @@ def test_collate_paths_are_torchs(stream: bool) -> None:
     for i, s in enumerate(items):
         collator.put(i, s)
     same(collator.result(), want)
-    same(unpack(*join_halves(*_half(items[:2], stream), *_half(items[2:], stream))), want)
-
-
-def _half(samples: list[Any], stream: bool) -> tuple[tuple, np.ndarray]:
-    # as a worker collates half a batch: numbers stay raw
-    arena = Arena(np.zeros(1 << 20, np.uint8))
-    if stream:
-        collator = StreamCollator(samples[0], len(samples), arena.alloc, raw_numbers=True)
-        for i, s in enumerate(samples):
-            collator.put(i, s)
-        return pack(collator.result(), arena), arena.buf
-    return pack(default_collate(samples, arena.alloc, raw_numbers=True), arena), arena.buf
+    same(unpack(*join_halves(*packed_half(items[:2], stream), *packed_half(items[2:], stream))), want)
 
 
 @pytest.mark.timeout(60)
@@ -201,7 +178,7 @@ def test_mixed_dtypes_are_promoted_as_torch_stack(first: torch.dtype, later: tor
             for i, s in enumerate(items):
                 collator.put(i, s)
             same(collator.result(), want)
-            same(unpack(*join_halves(*_half(items[:2], n > 3), *_half(items[2:], n > 3))), want)
+            same(unpack(*join_halves(*packed_half(items[:2], n > 3), *packed_half(items[2:], n > 3))), want)
 
 
 def test_the_device_copy_keeps_the_batch_types() -> None:
@@ -218,7 +195,7 @@ def test_halves_widened_past_their_buffers_join() -> None:
     # two halves' buffers together; joining them raised SlotFull out of the loader.
     items = [np.full(STREAM_MIN_BYTES // 8, i + 0.1, np.float64 if i < 2 else np.float32)
              for i in range(4)]
-    a, b = _half(items[:2], True), _half(items[2:], True)
+    a, b = packed_half(items[:2], True), packed_half(items[2:], True)
     a = (a[0], a[1][:2 * STREAM_MIN_BYTES])  # the buffers as tight as a worker's
     b = (b[0], b[1][:STREAM_MIN_BYTES])
     same(unpack(*join_halves(*a, *b)), torch_collate(items))

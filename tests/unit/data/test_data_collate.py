@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from datahelp import packed_half
 
 from ringtrain.data.collate import (
     STREAM_MIN_BYTES,
@@ -171,17 +172,6 @@ def test_load_batch_streams_large_samples_and_names_failing_indices() -> None:
 
 
 # ---- a batch from its two halves -------------------------------------------------------
-def _packed(samples: list[Any], stream: bool = False) -> tuple[tuple, np.ndarray]:
-    # as a worker collates half a batch: numbers stay raw
-    arena = Arena(np.zeros(1 << 20, dtype=np.uint8))
-    if stream:
-        collator = StreamCollator(samples[0], len(samples), arena.alloc, raw_numbers=True)
-        for i, s in enumerate(samples):
-            collator.put(i, s)
-        return pack(collator.result(), arena), arena.buf
-    return pack(default_collate(samples, arena.alloc, raw_numbers=True), arena), arena.buf
-
-
 def _same(a: Any, b: Any) -> None:
     if isinstance(a, torch.Tensor):
         assert isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
@@ -215,7 +205,7 @@ def test_joined_halves_are_the_batch_collated_whole(make: Any, n: int, cut: int,
                                                     stream: bool) -> None:
     samples = [make(i) for i in range(n)]
     whole = default_collate(samples)
-    (sa, ba), (sb, bb) = _packed(samples[:cut], stream), _packed(samples[cut:], stream)
+    (sa, ba), (sb, bb) = packed_half(samples[:cut], stream), packed_half(samples[cut:], stream)
     spec, buf = join_halves(sa, ba, sb, bb)
     _same(whole, unpack(spec, buf))
 
@@ -229,17 +219,17 @@ def test_joined_numbers_follow_the_whole_batchs_rule() -> None:
         values = [kinds[rng.integers(3)]() for _ in range(int(rng.integers(2, 9)))]
         want = torch.utils.data.default_collate(values)
         cut = len(values) // 2
-        spec, buf = join_halves(*_packed(values[:cut]), *_packed(values[cut:]))
+        spec, buf = join_halves(*packed_half(values[:cut]), *packed_half(values[cut:]))
         got = unpack(spec, buf)
         assert got.dtype == want.dtype and torch.equal(got, want), values
 
 
 def test_halves_that_could_not_be_one_batch_are_a_clear_error() -> None:
-    a = _packed([(np.zeros(3, np.float32), 0)] * 2)
-    b = _packed([(np.zeros(4, np.float32), 0)] * 2)
+    a = packed_half([(np.zeros(3, np.float32), 0)] * 2)
+    b = packed_half([(np.zeros(4, np.float32), 0)] * 2)
     with pytest.raises(DataError, match=r"cannot stack sample\[0\] of shape \(4,\)"):
         join_halves(*a, *b)
-    c = _packed([{"x": 1}] * 2)
-    d = _packed([{"y": 1}] * 2)
+    c = packed_half([{"x": 1}] * 2)
+    d = packed_half([{"y": 1}] * 2)
     with pytest.raises(DataError, match="differ in structure"):
         join_halves(*c, *d)

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from datahelp import Items
 from torch.utils.data import default_collate as torch_collate
 
 from ringtrain.data import Loader, get_worker_info
@@ -51,7 +52,7 @@ def test_a_streamed_sample_of_a_wider_kind_widens_the_batch_as_torch_stack(make:
     want = torch_collate(samples)
     for got in (default_collate(samples), _streamed(samples)):
         assert got.dtype == want.dtype and torch.equal(got, want)
-    with Loader(_Items(samples), batch_size=4, shuffle=False, num_workers=0, device="cpu",
+    with Loader(Items(samples), batch_size=4, shuffle=False, num_workers=0, device="cpu",
                 rank=0, world_size=1) as loader:
         got = next(iter(loader))
     assert got.dtype == want.dtype and torch.equal(got, want)
@@ -65,17 +66,6 @@ def test_a_streamed_sample_of_a_narrower_kind_is_cast_as_the_list_path_casts() -
         got = _streamed(samples)
         want = default_collate(samples)
         assert got.dtype == want.dtype and torch.equal(got, want)
-
-
-class _Items:
-    def __init__(self, items: list[Any]) -> None:
-        self.items = items
-
-    def __len__(self) -> int:
-        return len(self.items)
-
-    def __getitem__(self, i: int) -> Any:
-        return self.items[i]
 
 
 class _WorkerView:
