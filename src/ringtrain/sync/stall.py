@@ -145,7 +145,11 @@ class Tracker:
         with self._cond:
             self._cond.wait_for(lambda: self._written or self._closed, timeout)
 
-    def close(self) -> None:
+    def close(self, flush_s: float = 1.0) -> None:
+        """Stop publishing, once the latest arrival is written (up to ``flush_s``: the
+        store may hang). A peer whose exchange then fails because this rank left names
+        the exchange this rank reached, not the one before it."""
+        self.flush(flush_s)
         with self._cond:
             self._closed = True
             self._cond.notify_all()
@@ -154,12 +158,13 @@ class Tracker:
         """Tell the others this process is leaving (at exit; bounded, best effort)."""
         if self._closed:
             return  # replaced by a newer world's tracker, or the store is gone
+        self.flush(1.0)  # the last arrival before the mark (see close)
         try:
             key = f"{_PREFIX}gone/{self.rank}"
             _bounded(lambda: self.store.set(key, self.signer.seal(key, "1")), 1.0)
         except Exception:  # noqa: BLE001 - the store is gone too; nothing to tell
             pass
-        self.close()
+        self.close(0.0)
 
 
 _lock = threading.Lock()
