@@ -14,6 +14,7 @@ and for the grow) is printed and written to ``timeline.json`` in the test's dire
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import threading
 import time
@@ -32,6 +33,10 @@ SCRIPT = str(Path(__file__).parent / "scripts" / "hvd_elastic_resize.py")
 EPOCHS = 16
 #: Epoch 2, batch 10 of 15: mid-epoch (1438 samples, 3 ranks x 32 per step).
 KILL_AT_STEP = 40
+
+
+#: A traceback's lines as a worker's output prefixes them ("[1]   File ...", "[1] Traceback").
+_TRACEBACK = re.compile(r"^\[\d+\] (\s|Traceback|\w+Error:|\^)")
 
 
 @pytest.fixture(scope="module")
@@ -81,7 +86,10 @@ class _Job:
                      and e["time"] >= after), None)
 
     def text(self) -> str:
-        return "\n".join(line for _, line in self.lines if "frame #" not in line)[-6000:]
+        # ringrun's lines and the workers' log lines, not their tracebacks: what a failure
+        # report's last lines must show is the order of events
+        return "\n".join(line for _, line in self.lines if "frame #" not in line
+                         and not _TRACEBACK.match(line))[-6000:]
 
 
 @pytest.fixture(scope="module")
@@ -189,6 +197,8 @@ def test_a_host_that_vanishes_silently_is_dropped_and_nobody_waits_for_it(
     lost = hosts.addrs[2]
     ns = hosts.namespace(lost)
     job = _Job([RINGRUN, *hosts.ssh_flags, "-x", "RINGTEST_MARKER", "--min-np", "2", "--max-np", "3",
+                # the workers' debug lines (worlds seen, connections closed) in a failure's report
+                "--log-level", "debug",
                 "--host-discovery-script", str(discover), "python", SCRIPT, str(out), "--epochs", "4"],
                marker, out)
     try:

@@ -29,7 +29,7 @@ from ringtrain.elastic.state import ElasticState, HostsUpdated
 from ringtrain.errors import LaunchError, first_line
 from ringtrain.peer_failure import is_world_failure
 
-__all__ = ["POLL_S", "REFORM_WAIT_S", "drive", "follow_world", "hosts_updated", "resizable",
+__all__ = ["POLL_S", "REFORM_WAIT_S", "RESEVER_S", "drive", "follow_world", "hosts_updated", "resizable",
            "world_version"]
 
 log = logging.getLogger("ringtrain.elastic")
@@ -54,13 +54,18 @@ def reform_wait() -> float:
 #: How often a worker looks at its assignment file.
 POLL_S = 0.1
 
+#: How often the connections to lost hosts are closed again until this process has
+#: left for the next world (see :meth:`_AssignmentWatcher._again`).
+RESEVER_S = 2.0
+
 
 class _AssignmentWatcher:
     """Follows this worker's assignment file (ringrun's next world) on a daemon thread.
 
-    A world that lost hosts is acted on at once: the connections to the lost hosts are
-    closed, so an operation blocked on one that vanished fails now instead of after its
-    timeout. A world that replaces one being joined makes that join fail the same way.
+    A world that lost hosts is acted on at once: the old world's connections are closed,
+    so an operation blocked on a host that vanished fails now instead of after its
+    timeout, and those to the lost hosts again until this process moves on. A world that
+    replaces one being joined makes that join fail the same way.
     """
 
     def __init__(self, path: str) -> None:
@@ -68,13 +73,15 @@ class _AssignmentWatcher:
         self.current = -1  # the world this process is in (or joining)
         self.joining = False
         self._latest: dict[str, Any] | None = None
+        self._resever_at = 0.0
         self._cond = threading.Condition()
+        self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="ringtrain-elastic-watch", daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
         seen = -1
-        while True:
+        while not self._stop.is_set():
             try:
                 data = assignment.read_assignment(self.path)
                 if data is not None and data["version"] > seen:
@@ -88,14 +95,44 @@ class _AssignmentWatcher:
                         try:
                             if seen > self.current:  # before anyone waiting for it moves on
                                 self._act(data)
+                                self._resever_at = time.monotonic() + RESEVER_S
                         finally:
                             # Published even if acting failed: the version is never read
                             # again, so a world dropped here would never be joined.
                             self._latest = data
                             self._cond.notify_all()
+                with self._cond:
+                    self._again()
             except Exception as exc:  # noqa: BLE001 - the watcher must outlive a bad file
                 log.debug("elastic watcher: %s", exc)
-            time.sleep(POLL_S)
+            self._stop.wait(POLL_S)
+
+    def stop(self) -> None:
+        """End the thread (a process keeps its watcher for life; tests make several)."""
+        self._stop.set()
+        self._thread.join(5.0)
+
+    def _again(self) -> None:
+        """Close the connections to the lost hosts again, every :data:`RESEVER_S`, until
+        this process begins joining the next world. A connection opened to a lost host
+        after the first close (Gloo retries a failed connect until its timeout; a group
+        being built when the host vanished) would otherwise hold the process in the old
+        world for minutes. Those hosts are in no later world: nothing else is closed."""
+        latest = self._latest
+        if latest is None or latest["version"] <= self.current or self.joining:
+            return
+        lost = [str(a) for a in latest.get("lost") or []]
+        now = time.monotonic()
+        if not lost or now < self._resever_at:
+            return
+        self._resever_at = now + RESEVER_S
+        try:
+            n = runtime.sever(lost)
+        except (OSError, ValueError) as exc:
+            log.debug("cannot close connections: %s", exc)
+            return
+        if n:
+            log.debug("world %s: %d connection(s) to lost hosts %s closed again", latest["version"], n, lost)
 
     def _act(self, data: dict[str, Any]) -> None:
         lost = [str(a) for a in data.get("lost") or []]

@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,15 @@ from ringtrain import assignment, elastic, runtime
 from ringtrain.elastic import resize
 from ringtrain.errors import CollectiveError, ConfigError, MismatchError
 from ringtrain.peer_failure import is_world_failure
+
+
+@pytest.fixture(autouse=True)
+def _stop_watcher(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Each test's assignment watcher ends with the test (torn down before monkeypatch
+    puts the module's watcher back): a later test's stubs see only its own watcher."""
+    yield
+    if resize._watcher is not None:
+        resize._watcher.stop()
 
 
 class _World:
@@ -114,6 +124,40 @@ def test_a_lost_peer_moves_the_job_to_the_next_world(monkeypatch: pytest.MonkeyP
     # connections made since), then the groups go.
     assert world.log == [("sever", ["10.0.0.1", "10.0.0.2"]), ("sever", ["10.0.0.1", "10.0.0.2"]), "leave",
                          ("assign", {"RINGTRAIN_RANK": "0", "RINGTRAIN_WORLD_VERSION": "1"}), ("join", 1)]
+
+
+@pytest.mark.timeout(30)
+def test_connections_to_lost_hosts_are_closed_again_until_the_process_moves_on(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A connection opened to a lost host after the first close (Gloo retrying a connect,
+    a group being built as the host vanished) is closed at the next round; once this
+    process begins joining the next world, nothing is closed any more."""
+    world = _World(monkeypatch, str(tmp_path / "w.json"))
+    monkeypatch.setattr(resize, "RESEVER_S", 0.2)
+    world.publish(1, lost=["10.0.0.2"])
+    watcher = resize._watch()
+    deadline = time.monotonic() + 20
+    while len(world.log) < 3 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    # the old world's connections at once, then the lost host's, round after round
+    assert world.log[:3] == [("sever", ["10.0.0.1", "10.0.0.2"]), ("sever", ["10.0.0.2"]),
+                             ("sever", ["10.0.0.2"])], world.log
+    assert watcher.begin_join(1) is None
+    closed = len(world.log)
+    time.sleep(1.0)
+    assert len(world.log) == closed, world.log[closed:]
+
+
+@pytest.mark.timeout(30)
+def test_a_world_without_lost_hosts_closes_nothing_again(monkeypatch: pytest.MonkeyPatch,
+                                                         tmp_path: Path) -> None:
+    world = _World(monkeypatch, str(tmp_path / "w.json"))
+    monkeypatch.setattr(resize, "RESEVER_S", 0.1)
+    world.publish(1)  # the discovery script dropped a host: its workers leave cleanly
+    watcher = resize._watch()
+    assert watcher.newer(0, 10.0) is not None
+    time.sleep(1.0)
+    assert world.log == []
 
 
 @pytest.mark.timeout(30)
