@@ -17,6 +17,7 @@ One step::
 from __future__ import annotations
 
 import logging
+import sys
 import time
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -463,6 +464,7 @@ def _load_problem(path: str, exc: BaseException, with_optimizer: bool) -> str:
 def _check(model: nn.Module, layout: Layout, split: str | Sequence[str],
            tensor_plan: Mapping[str, str] | None) -> tuple[dict[str, str], Any]:
     """Everything that can be wrong with this model under this layout (pure)."""
+    _check_not_compiled_wrapper(model, layout, tensor_plan)
     resolved: dict[str, str] = {}
     if layout.tensor > 1:
         if not tensor_plan:
@@ -480,6 +482,28 @@ def _check(model: nn.Module, layout: Layout, split: str | Sequence[str],
     _check_batch_norm(model, layout)
     groups = split_units(model, layout.pipeline, split) if layout.pipeline > 1 else None
     return resolved, groups
+
+
+def _check_not_compiled_wrapper(model: nn.Module, layout: Layout,
+                                tensor_plan: Mapping[str, str] | None) -> None:
+    """A ``torch.compile(model)`` wrapper where the layout needs the model's layers.
+
+    The wrapper holds the model as its one child ``_orig_mod``: a pipeline found one
+    unit to place ("only 1 unit(s) (_orig_mod)"), or, the model being a Sequential, cut
+    its layers out of the wrapper and ran them uncompiled without a word; a tensor
+    plan's patterns matched nothing. Sharding alone trains it compiled (FSDP2 shards
+    the wrapper as one unit), so only these layouts are refused.
+    """
+    eval_frame = sys.modules.get("torch._dynamo.eval_frame")  # not imported: nothing compiled
+    if eval_frame is None or not isinstance(model, eval_frame.OptimizedModule):
+        return
+    if layout.pipeline > 1 or tensor_plan is not None:
+        needs = "pipeline stages need" if layout.pipeline > 1 else "a tensor plan needs"
+        raise ConfigError(
+            f"the model is a torch.compile() wrapper, and {needs} its layers, which it "
+            "holds under '_orig_mod.' as one compiled graph: pass the model itself and compile "
+            "in place, its blocks before parallelize() (block.compile() for each, as "
+            "torchtitan does) or this rank's part after it (par.module.compile())")
 
 
 def _check_batch_norm(model: nn.Module, layout: Layout) -> None:
