@@ -64,6 +64,12 @@ from ringtrain.fusion import Bucket, FusedExchange
 
 __all__ = ["DistributedOptimizer", "owner_of"]
 
+#: For the exchange's bookkeeping (locks, waits, clocks): a script that compiles its whole
+#: step breaks its graph there and runs it as written, while the wrapped optimizer's
+#: update is still traced. torch marks its optimizers' ``zero_grad`` the same way; the
+#: compiler is imported at the first call, as torch's first ``zero_grad`` imports it.
+_eager = torch._disable_dynamo
+
 _CLASSES: dict[type, type] = {}
 
 
@@ -452,6 +458,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._fusion.launch(bucket)
         self._next_launch += 1
 
+    @_eager
     def _backward_ended(self) -> None:
         """End of a backward pass (``sync_at="backward"``): the pass that completes the
         step waits for the exchange, so ``.grad`` is combined when ``backward()`` returns."""
@@ -472,6 +479,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
     # -- step side ----------------------------------------------------------------------
 
+    @_eager
     def synchronize(self) -> None:
         """Finish this step's gradient exchange; afterwards ``.grad`` holds the result."""
         self._check_live()
@@ -741,15 +749,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 "optimizer.synchronize(). This can cause training slowdown. You may want to "
                 "consider using optimizer.skip_synchronize() context if you use "
                 "optimizer.synchronize() in your code.", stacklevel=2)
-        self._skip_next_sync = False
-        evaluate = None
-        first: list[Any] = []  # the closure's first local loss, what step() returns under DDP
-        if closure is not None and not any(self._passes) and not self._synchronized:
-            # The closure computes this step's gradients (LBFGS, or SGD given one).
-            evaluate = self._evaluator(closure, first)
-        else:
-            self._finish_exchange()
-        t0 = time.perf_counter()
+        evaluate, first, t0 = self._before_update(closure)
         result: Any
         try:
             if evaluate is not None:
@@ -758,14 +758,32 @@ class DistributedOptimizer(torch.optim.Optimizer):
             else:
                 result = self._inner.step(closure) if closure is not None else self._inner.step()
         finally:
-            t_end = time.perf_counter()
-            self.last_update_s = t_end - t0
-            if events.active():
-                events.emit("update", t0, t_end)
-                events.emit("step_end", t_end, t_end)
-            self._reset()
-        events.check_stop()  # the doctor has its steps: leave here, nothing in flight
+            self._after_update(t0)
         return result
+
+    @_eager
+    def _before_update(self, closure: Callable[[], float] | None
+                       ) -> tuple[Callable[[], Any] | None, list[Any], float]:
+        """The exchange finished (or the closure that computes it), and the update's start."""
+        self._skip_next_sync = False
+        evaluate = None
+        first: list[Any] = []  # the closure's first local loss, what step() returns under DDP
+        if closure is not None and not any(self._passes) and not self._synchronized:
+            # The closure computes this step's gradients (LBFGS, or SGD given one).
+            evaluate = self._evaluator(closure, first)
+        else:
+            self._finish_exchange()
+        return evaluate, first, time.perf_counter()
+
+    @_eager
+    def _after_update(self, t0: float) -> None:
+        t_end = time.perf_counter()
+        self.last_update_s = t_end - t0
+        if events.active():
+            events.emit("update", t0, t_end)
+            events.emit("step_end", t_end, t_end)
+        self._reset()
+        events.check_stop()  # the doctor has its steps: leave here, nothing in flight
 
     def _evaluator(self, closure: Callable[[], Any], first: list[Any]) -> Callable[[], Any]:
         """``closure`` as the optimizer must call it here: each call's backward is one
@@ -805,6 +823,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
     # -- delegation ---------------------------------------------------------------------
 
+    @_eager
     def zero_grad(self, set_to_none: bool = True) -> None:
         if any(self._passes) and not self._synchronized:
             raise OptimizerUsageError(
@@ -931,6 +950,7 @@ def _forget(key: int, _ref: Any) -> None:
 
 
 def _hook(owner: weakref.ref[DistributedOptimizer], index: int) -> Callable[[torch.Tensor], None]:
+    @_eager  # autograd calls it inside a compiled step's frame too: not traced (see _eager)
     def hook(_param: torch.Tensor) -> None:
         opt = owner()
         if opt is not None:

@@ -102,6 +102,41 @@ def _rt(order: str, sync_at: str, passes: int) -> list[torch.Tensor]:
     return [p.detach().clone() for p in model.parameters()]
 
 
+def _whole_step(wrap: bool) -> dict[str, Any]:
+    """The whole step compiled (zero_grad, forward, backward, clip, step), the optimizer
+    wrapped (``wrap``) or plain torch's on this rank's rows: the graphs Dynamo made and
+    the warnings it gave about code it could not trace, to compare the two."""
+    import warnings
+
+    from torch._dynamo.utils import counters
+
+    import ringtrain as rt
+
+    torch._dynamo.reset()
+    counters.clear()
+    model = _model()
+    opt: Any = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    if wrap:
+        opt = rt.DistributedOptimizer(opt, named_parameters=model.named_parameters())
+    rows = slice(rt.rank() * ROWS, (rt.rank() + 1) * ROWS)
+
+    def step(x: torch.Tensor, y: torch.Tensor) -> None:
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)
+        opt.step()
+
+    compiled = torch.compile(step, backend=BACKEND)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for k in range(STEPS):
+            x, y = _batch(k * 10, rt.size() * ROWS)
+            compiled(x[rows], y[rows])
+    return {"params": [p.detach().clone() for p in model.parameters()],
+            "graphs": counters["stats"]["unique_graphs"],
+            "warnings": sorted({str(w.message)[:80] for w in caught if "Dynamo" in str(w.message)})}
+
+
 def _hvd(order: str, passes: int) -> dict[str, Any]:
     """Horovod's recipe on a compiled model: broadcast its state_dict and the optimizer
     state, accumulate ``passes``, clip between synchronize() and step(); then a
@@ -147,6 +182,7 @@ def _world() -> dict[str, Any]:
 
     scenarios: list[tuple[str, Any]] = [
         (f"rt {o} {s} {p}", lambda o=o, s=s, p=p: _rt(o, s, p)) for o, s, p in RT_RUNS]
+    scenarios += [("whole step", lambda: _whole_step(True)), ("whole step plain", lambda: _whole_step(False))]
     hvd.init()
     scenarios += [(f"hvd {o} {p}", lambda o=o, p=p: _hvd(o, p)) for o, p in HVD_RUNS]
     scenarios += [("parallel pipeline", lambda: _parallel(pipeline=2)),
@@ -172,6 +208,19 @@ def test_rt_trains_a_compiled_model_as_one_process(world: list[dict[str, Any]], 
                                                    sync_at: str, passes: int) -> None:
     for rank, got in enumerate(scenario_results(world, f"rt {order} {sync_at} {passes}")):
         _assert_trained_as_one_process(got, passes, f"rank {rank}")
+
+
+@pytest.mark.timeout(120)
+def test_a_compiled_whole_step_trains_as_one_process_and_adds_no_graphs(world: list[dict[str, Any]]) -> None:
+    """The exchange's bookkeeping (locks, waits, clocks) is not traced: Dynamo makes as
+    many graphs, and gives the same warnings, as for plain torch's step on one rank
+    (traced, it made 11 graphs, 38 graph breaks and warnings about time.monotonic,
+    time.perf_counter and zlib.crc32 where plain torch makes 3)."""
+    plain = scenario_results(world, "whole step plain")
+    for rank, got in enumerate(scenario_results(world, "whole step")):
+        _assert_trained_as_one_process(got["params"], 1, f"rank {rank}")
+        assert got["graphs"] == plain[rank]["graphs"], (got["graphs"], plain[rank]["graphs"])
+        assert got["warnings"] == plain[rank]["warnings"], got["warnings"]
 
 
 @pytest.mark.timeout(120)
