@@ -9,11 +9,11 @@ from __future__ import annotations
 import collections
 import copy
 import random
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from elastichelp import stop_watcher  # noqa: F401 - autouse: ends each test's watcher
 
 import ringtrain.horovod as hvd
 from ringtrain import assignment, elastic, runtime
@@ -22,15 +22,6 @@ from ringtrain.horovod import functions
 from ringtrain.horovod.elastic import ElasticSampler, ObjectState, TorchState
 
 N, BS = 100, 5
-
-
-@pytest.fixture(autouse=True)
-def _stop_watcher(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """Each test's assignment watcher ends with the test (torn down before monkeypatch
-    puts the module's watcher back): a later test's stubs see only its own watcher."""
-    yield
-    if resize._watcher is not None:
-        resize._watcher.stop()
 
 
 def _sampler(size: int, rank: int, state: dict[str, Any] | None = None, n: int = N) -> ElasticSampler:

@@ -7,27 +7,18 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from elastichelp import stop_watcher  # noqa: F401 - autouse: ends each test's watcher
 from torch import nn
 
 from ringtrain import assignment, elastic, runtime
 from ringtrain.elastic import resize
 from ringtrain.errors import CollectiveError, ConfigError, MismatchError
 from ringtrain.peer_failure import is_world_failure
-
-
-@pytest.fixture(autouse=True)
-def _stop_watcher(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """Each test's assignment watcher ends with the test (torn down before monkeypatch
-    puts the module's watcher back): a later test's stubs see only its own watcher."""
-    yield
-    if resize._watcher is not None:
-        resize._watcher.stop()
 
 
 class _World:
