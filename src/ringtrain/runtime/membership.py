@@ -240,7 +240,15 @@ class Membership:
         on :meth:`leave` skips the teardown, and at exit the process leaves at once (after
         the other exit handlers ran: timeline and doctor reports are still written) with
         status 1, so the launcher stops the job and can restart it.
+
+        Outside a world (a resizable job between :meth:`abandon` and the next
+        :meth:`join`, where a late failure of the old world's operations can still be
+        reported) there are no groups to spare: nothing is marked, or the next world would
+        end with status 1.
         """
+        if self.world is None:
+            log.debug("not in a world: not marked broken (%s)", reason)
+            return
         if self.broken is None:
             self.broken = reason
             log.debug("process groups marked broken: %s", reason)
