@@ -12,18 +12,16 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from datahelp import Items
+from datahelp import Items, packed_half
 from torch.utils.data import default_collate as torch_collate
 
 from ringtrain.data import Loader, get_worker_info
 from ringtrain.data.collate import (
     STREAM_MIN_BYTES,
-    Arena,
     StreamCollator,
     default_collate,
     fresh_alloc,
     join_halves,
-    pack,
     unpack,
 )
 
@@ -128,16 +126,6 @@ def test_numpy_complex_scalars_become_a_tensor_as_under_dataloader() -> None:
         assert isinstance(got, torch.Tensor) and got.dtype == want.dtype and torch.equal(got, want)
 
 
-def _half(samples: list[Any], stream: bool) -> tuple[tuple, np.ndarray]:
-    arena = Arena(np.zeros(1 << 20, np.uint8))
-    if stream:
-        collator = StreamCollator(samples[0], len(samples), arena.alloc, raw_numbers=True)
-        for i, s in enumerate(samples):
-            collator.put(i, s)
-        return pack(collator.result(), arena), arena.buf
-    return pack(default_collate(samples, arena.alloc, raw_numbers=True), arena), arena.buf
-
-
 @pytest.mark.parametrize("stream", [False, True], ids=["list", "streamed"])
 def test_halves_of_two_dtypes_join_as_the_whole_batch_collates(stream: bool) -> None:
     # The first batch of a fresh loader is loaded in halves by two workers. A second
@@ -146,14 +134,14 @@ def test_halves_of_two_dtypes_join_as_the_whole_batch_collates(stream: bool) -> 
     n = ROW if stream else 3
     samples = [np.full(n, i + 0.25, np.float64 if i == 2 else np.float32) for i in range(4)]
     whole = default_collate(samples)
-    spec, buf = join_halves(*_half(samples[:2], stream), *_half(samples[2:], stream))
+    spec, buf = join_halves(*packed_half(samples[:2], stream), *packed_half(samples[2:], stream))
     got = unpack(spec, buf)
     want = torch_collate(samples)
     assert got.dtype == whole.dtype == want.dtype and torch.equal(got, want)
     assert torch.equal(whole, want)
     # Ints, then floats: the batch is float (torch.stack's promotion), in halves too.
     mixed = [np.full(n, i, np.int64) if i < 2 else np.full(n, i + 0.5) for i in range(4)]
-    got = unpack(*join_halves(*_half(mixed[:2], stream), *_half(mixed[2:], stream)))
+    got = unpack(*join_halves(*packed_half(mixed[:2], stream), *packed_half(mixed[2:], stream)))
     want = torch_collate(mixed)
     assert got.dtype == want.dtype and torch.equal(got, want)
 

@@ -135,7 +135,7 @@ def test_connections_to_lost_hosts_are_closed_again_until_the_process_moves_on(
                              ("sever", ["10.0.0.2"])], world.log
     assert watcher.begin_join(1) is None
     closed = len(world.log)
-    time.sleep(1.0)
+    time.sleep(0.6)  # three rounds at RESEVER_S
     assert len(world.log) == closed, world.log[closed:]
 
 
@@ -147,7 +147,7 @@ def test_a_world_without_lost_hosts_closes_nothing_again(monkeypatch: pytest.Mon
     world.publish(1)  # the discovery script dropped a host: its workers leave cleanly
     watcher = resize._watch()
     assert watcher.newer(0, 10.0) is not None
-    time.sleep(1.0)
+    time.sleep(0.5)  # five rounds at RESEVER_S
     assert world.log == []
 
 
