@@ -38,6 +38,7 @@ from ringtrain.horovod.basics import engine, global_process_set
 from ringtrain.horovod.compression import Compression, Compressor
 from ringtrain.horovod.handles import Adasum, Average, Sum, op_name, set_id
 from ringtrain.optimizer import DistributedOptimizer as _Core
+from ringtrain.optimizer import _eager
 
 __all__ = ["DistributedOptimizer", "Negotiated"]
 
@@ -298,8 +299,13 @@ class _AdasumOptimizer:
         params = [p for _, p in self._pairs if p.requires_grad]
         start = [p.detach().clone() for p in params]
         result = self._inner.step(closure) if closure is not None else self._inner.step()
-        if not self._process_set.included() or self._process_set.size() == 1:
-            return result
+        if self._process_set.included() and self._process_set.size() > 1:
+            self._combine(params, start)
+        return result
+
+    @_eager  # the exchange's waits and names are not traced; the update above still is
+    def _combine(self, params: list[torch.Tensor], start: list[torch.Tensor]) -> None:
+        """Replace every rank's own update by the Adasum of the ranks' updates."""
         from ringtrain.horovod.autograd import grouped_allreduce_
 
         deltas = []
@@ -312,4 +318,3 @@ class _AdasumOptimizer:
         with torch.no_grad():
             for p, s, (w, ctx) in zip(params, start, wire, strict=True):
                 p.copy_(s + self._compression.decompress(w, ctx))
-        return result
