@@ -18,6 +18,7 @@ the restarted job from it.
 from __future__ import annotations
 
 import copy
+import math
 import os
 import time
 from collections.abc import Callable
@@ -28,6 +29,7 @@ import torch
 
 from ringtrain import checkpoint, elastic, runtime
 from ringtrain.elastic.state import ElasticState, copy_states, load_states
+from ringtrain.errors import ConfigError
 from ringtrain.horovod.elastic.sampler import ElasticSampler
 
 __all__ = ["HostsUpdatedInterrupt", "ObjectState", "State", "TorchState", "persist_path"]
@@ -51,11 +53,19 @@ def persist_path() -> Path | None:
 
 
 def _persist_interval() -> float:
-    raw = os.environ.get("RINGTRAIN_ELASTIC_PERSIST_S", "")
-    try:
-        return max(0.0, float(raw)) if raw else 1.0
-    except ValueError:
+    raw = os.environ.get("RINGTRAIN_ELASTIC_PERSIST_S", "").strip()
+    if not raw:
         return 1.0
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not 0.0 <= value < math.inf:
+        # A typo here silently kept the 1 s default: the user's "persist every commit"
+        # (0) did not happen, and a restart lost up to a second of commits.
+        raise ConfigError(f"RINGTRAIN_ELASTIC_PERSIST_S={raw!r} is not a number of seconds >= 0; "
+                          "set it to e.g. 0 (persist every commit) or 5, or unset it for 1 s")
+    return value
 
 
 class State(ElasticState):
@@ -65,6 +75,7 @@ class State(ElasticState):
 
     def __init__(self) -> None:
         super().__init__()
+        _persist_interval()  # a bad value fails here, on every rank, not at rank 0's first commit
         self._last_persist = 0.0
 
     def commit(self) -> None:
