@@ -157,14 +157,15 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name: a factory, as Horovod'
         warnings.warn("num_groups/groups have no effect here: ringtrain fuses gradients into "
                       "buckets of fusion_mb (RINGTRAIN_FUSION_MB / HOROVOD_FUSION_THRESHOLD)",
                       stacklevel=2)
+    # Before choosing Adasum, as Horovod checks it: Adasum has no use for the factor.
+    if gradient_predivide_factor != 1.0 and op != Average:
+        raise ValueError("gradient_predivide_factor not supported with op != Average")
     if op == Adasum:
         _check_names(optimizer, pairs)
         return _AdasumOptimizer(optimizer, pairs, compression, backward_passes_per_step, process_set)
     if op not in (Average, Sum):
         raise ValueError(f"DistributedOptimizer combines gradients with hvd.Average, hvd.Sum or "
                          f"hvd.Adasum, got {op_name(op)}")
-    if gradient_predivide_factor != 1.0 and op != Average:
-        raise ValueError("gradient_predivide_factor not supported with op != Average")
     set_id(process_set)  # registered?
     _check_compression(compression)
     _fresh_state(optimizer)
