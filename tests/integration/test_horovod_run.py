@@ -61,12 +61,13 @@ def test_a_failing_rank_fails_the_call(marked: str) -> None:
 
 
 @pytest.mark.timeout(120)
-def test_values_come_back_from_rank_files(marked: str, tmp_path: Path) -> None:
+def test_values_come_back_with_output_in_rank_files(marked: str, tmp_path: Path) -> None:
     def rank() -> int:
         hvd.init()
         return hvd.rank() * 10
 
-    # --output-filename: the ranks' output goes to rank.N.log, the values with it
+    # --output-filename: the ranks' output goes to rank.N.log and, as in Horovod, to the
+    # terminal, where the values come back
     assert hvd.run(rank, num_proc=2, output_filename=str(tmp_path / "logs")) == [0, 10]
     assert sorted(os.listdir(tmp_path / "logs")) == ["rank.0.log", "rank.1.log"]
     assert_no_orphans(marked)

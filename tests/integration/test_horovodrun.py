@@ -23,10 +23,12 @@ def _run(*args: str, marker: str, timeout: float = 100) -> subprocess.CompletedP
 
 @pytest.mark.timeout(120)
 def test_horovod_style_script_runs_under_horovodrun(tmp_path: Path) -> None:
+    """... with Horovod's --output-filename, which writes each rank's file and shows the
+    output on the terminal as well (ringrun's alone writes only the files)."""
     marker = new_marker()
-    timeline = tmp_path / "timeline.json"
+    timeline, logs = tmp_path / "timeline.json", tmp_path / "logs"
     res = _run("-np", "2", "--fusion-threshold-mb", "64", "--timeline-filename", str(timeline),
-               "python", SCRIPT, marker=marker)
+               "--output-filename", str(logs), "python", SCRIPT, marker=marker)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
     lines = sorted(line for line in res.stdout.splitlines() if "hvd rank=" in line)
     both = f"fusion=64.0/{64 << 20} timeline={timeline}/{timeline}"
@@ -34,6 +36,8 @@ def test_horovod_style_script_runs_under_horovodrun(tmp_path: Path) -> None:
         f"[0] hvd rank=0/2 local=0/2 cross=0/1 host=localhost {both} sum=1",
         f"[1] hvd rank=1/2 local=1/2 cross=0/1 host=localhost {both} sum=1",
     ]
+    for rank in (0, 1):
+        assert f"hvd rank={rank}/2 " in (logs / f"rank.{rank}.log").read_text()
     assert_no_orphans(marker)
 
 

@@ -127,8 +127,6 @@ def run(func: Callable[..., Any], args: Sequence[Any] = (), kwargs: dict[str, An
     if code != 0:
         raise RuntimeError(f"the hvd.run job failed (horovodrun exited with {code})"
                            + (f": {last}" if last else ""))
-    if not results and output_filename:
-        results = _from_files(output_filename, token)  # the ranks' output went to files
     if not results:
         raise RuntimeError("the hvd.run job ended without any process returning a value")
     ranks = sorted(results)
@@ -191,26 +189,6 @@ def _take(line: bytes, parts: dict[int, dict[int, bytes]], counts: dict[int, int
         parts[rank] = {}  # a later attempt's value replaces an earlier one's
     parts.setdefault(rank, {})[index] = chunk
     counts[rank] = total
-
-
-def _from_files(directory: str, token: str) -> dict[int, Any]:
-    """The values from ``--output-filename``'s rank files (rank.N.log, then each
-    restart's rank.N.attemptK.log: the last attempt's value wins)."""
-    marker = token.encode()
-    parts: dict[int, dict[int, bytes]] = {}
-    counts: dict[int, int] = {}
-
-    def attempt(p: Path) -> int:
-        tail = p.name.rsplit(".attempt", 1)
-        return int(tail[1].split(".")[0]) if len(tail) == 2 else 0
-
-    for path in sorted(Path(directory).glob("rank.*.log"), key=attempt):
-        with open(path, "rb") as f:
-            for raw in f:
-                at = raw.find(marker)
-                if at >= 0:
-                    _take(raw[at + len(marker):], parts, counts)
-    return _values(parts, counts)
 
 
 def _values(parts: dict[int, dict[int, bytes]], counts: dict[int, int]) -> dict[int, Any]:

@@ -40,6 +40,8 @@ __all__ = ["build_config", "build_parser", "main", "missing_script"]
 # torchrun's flags that ringrun does not take, and what to write instead: a torchrun
 # command line moved to ringrun gets the fix in its one error line.
 _RDZV = "ringrun is the job's rendezvous: drop the flag (--master-addr/--master-port set its address)"
+_LOGS = ("--output-filename DIR writes each rank's output to DIR/rank.N.log (--output-tee: "
+         "and to the terminal)")
 TORCHRUN_HINTS = {
     "--nproc-per-node": "ringrun takes the job's total, -np N (with -H host1:K,host2:K for K per host)",
     "--nnodes": "ringrun lists the hosts with -H host1:K,host2:K (or --hostfile); "
@@ -50,9 +52,9 @@ TORCHRUN_HINTS = {
     "--master-addr": "ringrun spells it --master-addr ADDR",
     "--master-port": "ringrun spells it --master-port PORT",
     "--max-restarts": "ringrun spells it --max-restarts K",
-    "--log-dir": "--output-filename DIR writes each rank's output to DIR/rank.N.log",
-    "--redirects": "--output-filename DIR writes each rank's output to DIR/rank.N.log",
-    "--tee": "--output-filename DIR writes each rank's output to DIR/rank.N.log",
+    "--log-dir": _LOGS,
+    "--redirects": _LOGS,
+    "--tee": _LOGS,
     "--no-python": "ringrun runs the command as given: ringrun -np N ./program",
     "-m": "ringrun runs the command as given: ringrun -np N python -m MODULE",
     "--module": "ringrun runs the command as given: ringrun -np N python -m MODULE",
@@ -104,6 +106,8 @@ def build_parser() -> argparse.ArgumentParser:
                               "ranks (docs/launch.md)")
     p.add_argument("--output-filename", metavar="DIR",
                    help="write each rank's output to DIR/rank.N.log instead of the terminal")
+    p.add_argument("--output-tee", action="store_true",
+                   help="with --output-filename: show the ranks' output on the terminal too")
     p.add_argument("--no-prefix", action="store_true", help="do not prefix output lines with [rank]")
     p.add_argument("--timestamp-output", action="store_true",
                    help="start each line of the ranks' output with the time it was written")
@@ -337,6 +341,9 @@ def build_config(argv: list[str]) -> JobConfig:
                           f"e.g. --stop-grace 30 (the default is {STOP_GRACE_S:g})")
     if args.output_filename:
         check_output_dir(args.output_filename)
+    elif args.output_tee:
+        raise ConfigError("--output-tee shows the output that --output-filename DIR writes to "
+                          "files on the terminal too; add --output-filename DIR, or drop --output-tee")
     if args.master_port is not None and not 0 < args.master_port < 65536:
         raise ConfigError(f"--master-port {args.master_port} is not a TCP port; use 1..65535")
     warnings: list[str] = []
@@ -370,6 +377,7 @@ def build_config(argv: list[str]) -> JobConfig:
         output_dir=args.output_filename,
         prefix_output=not args.no_prefix,
         timestamp_output=args.timestamp_output,
+        tee_output=args.output_tee,
         extra_env=exported,
         master_addr=args.master_addr,
         master_port=args.master_port,

@@ -288,7 +288,8 @@ def translate(argv: list[str], environ: Mapping[str, str] | None = None) -> Tran
         if len(nics) > 1:
             warnings.append(f"{source['nics']} {','.join(nics)}: ringtrain uses the first, {nics[0]}")
     if a["output_filename"]:
-        out += ["--output-filename", a["output_filename"]]
+        # Horovod writes the files and shows the output on the terminal as well.
+        out += ["--output-filename", a["output_filename"], "--output-tee"]
     out += _tuning_flags(a, source)
     if fixed is not None:
         limit = DEFAULT_RESET_LIMIT if a["reset_limit"] is None else a["reset_limit"]

@@ -69,6 +69,8 @@ class JobConfig:
     prefix_output: bool = True
     #: Each output line starts with the time it was written (``--timestamp-output``).
     timestamp_output: bool = False
+    #: With ``output_dir``: the terminal gets the ranks' output too (``--output-tee``).
+    tee_output: bool = False
     extra_env: dict[str, str] = field(default_factory=dict)
     #: Address other hosts use to reach rank 0's rendezvous (multi-host jobs).
     master_addr: str | None = None
@@ -469,7 +471,8 @@ def job_run(cfg: JobConfig, local: bool) -> Iterator[JobRun]:
     """A run id, the output sink, signal handlers that only record, and (``local``) the
     reaper watchdog; the handlers are restored and the watchdog closed on the way out."""
     run_id, sink = uuid.uuid4().hex[:12], OutputSink(cfg.output_dir, cfg.prefix_output,
-                                                      timestamp=cfg.timestamp_output)
+                                                      timestamp=cfg.timestamp_output,
+                                                      tee=cfg.tee_output)
     stop_flag: list[int] = []
 
     def on_signal(signum: int, _frame: object) -> None:

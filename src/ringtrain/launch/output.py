@@ -1,5 +1,6 @@
 """Where the workers' output goes: ringrun's stdout with a ``[rank]`` prefix, or one file
-per rank (``--output-filename DIR``), in bounded pieces, and what happens when it cannot go.
+per rank (``--output-filename DIR``), or both (``--output-tee``, as Horovod's
+``--output-filename`` does), in bounded pieces, and what happens when it cannot go.
 
 Output is read in pieces of at most :data:`ringtrain.processes.PIECE_BYTES`
 (:func:`ringtrain.processes.pieces`): a line is passed on as soon as it ends or the piece
@@ -60,12 +61,15 @@ def check_output_dir(path: str) -> None:
 
 
 class OutputSink:
-    """The workers' output: the terminal with a ``[rank]`` prefix, or one file per rank."""
+    """The workers' output: the terminal with a ``[rank]`` prefix, or one file per rank
+    (and the terminal too with ``tee``)."""
 
     def __init__(self, directory: str | None, prefix: bool = True,
-                 stream: IO[bytes] | None = None, timestamp: bool = False) -> None:
+                 stream: IO[bytes] | None = None, timestamp: bool = False, tee: bool = False) -> None:
         self.directory = directory
         self.prefix = prefix
+        #: With ``directory``: the terminal gets the output too.
+        self.tee = tee
         #: Start each line with the local time it was written (Horovod's
         #: ``--prefix-output-with-timestamp``, in its ``time.asctime`` form).
         self.timestamp = timestamp
@@ -163,7 +167,8 @@ class OutputSink:
         """Write one piece of rank ``rank``'s output; never raises (see :attr:`failure`)."""
         if file is not None:
             self._write_file(rank, piece, file, partial)
-            return
+            if not self.tee:
+                return
         if self._stdout_dead:
             return  # keep draining the worker's pipe, drop the bytes
         stamp = time.asctime().encode() if self.timestamp else b""

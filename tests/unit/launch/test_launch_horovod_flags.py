@@ -245,3 +245,23 @@ def test_timestamped_output_lines() -> None:
     sink.write(1, b"hello\n", None)
     line = out.getvalue().decode()
     assert re.fullmatch(r"\w{3} \w{3} [ \d]\d \d\d:\d\d:\d\d \d{4}\[1\] hello\n", line), line
+
+
+def test_tee_writes_the_file_and_the_terminal(tmp_path: Path) -> None:
+    """--output-tee (horovodrun's --output-filename): the file gets the bytes as written,
+    the terminal the [rank]-prefixed line; without it only the file."""
+    import io
+
+    for tee in (True, False):
+        out = io.BytesIO()
+        sink = OutputSink(str(tmp_path / str(tee)), True, stream=out, tee=tee)
+        file = sink.open_for(1, 0)
+        sink.write(1, b"hello\n", file)
+        sink.close(file)
+        assert (tmp_path / str(tee) / "rank.1.log").read_bytes() == b"hello\n"
+        assert out.getvalue() == (b"[1] hello\n" if tee else b"")
+
+
+def test_output_tee_without_a_directory_is_one_error() -> None:
+    with pytest.raises(ConfigError, match="--output-tee .* add --output-filename DIR"):
+        cli.build_config(["-np", "1", "--output-tee", "true"])

@@ -32,7 +32,7 @@ def test_without_hosts_horovod_runs_np_ranks_on_localhost() -> None:
     ("--start-timeout 9", ["-H", "localhost:2", "--start-timeout", "9"]),
     ("--network-interface eth1", ["-H", "localhost:2", "--network-interface", "eth1"]),
     ("--network-interfaces eth1", ["-H", "localhost:2", "--network-interface", "eth1"]),
-    ("--output-filename logs", ["-H", "localhost:2", "--output-filename", "logs"]),
+    ("--output-filename logs", ["-H", "localhost:2", "--output-filename", "logs", "--output-tee"]),
     ("--fusion-threshold-mb 64", ["-H", "localhost:2", "--fusion-mb", "64.0",
                                   "-x", f"HOROVOD_FUSION_THRESHOLD={64 << 20}"]),
     ("--fusion-threshold-mb 0", ["-H", "localhost:2", "--fusion-mb", repr(1 / 2**20),
