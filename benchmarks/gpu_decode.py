@@ -88,15 +88,19 @@ def _loader_rate(root: Path, gpu: bool, workers: int, batches: int) -> float:
     ds = rt.data.ImageFolder(root, decode=False, transform=crop)
     kwargs: dict[str, Any] = {"collate_fn": crop.collate} if gpu else {}
     with rt.data.Loader(ds, batch_size=256, num_workers=workers, device="cuda", **kwargs) as ld:
-        n, t0 = 0, 0.0
-        for k, (x, _) in enumerate(ld):
-            if k == 3:
-                torch.cuda.synchronize()
-                t0 = time.perf_counter()
-            elif k > 3:
-                n += x.shape[0]
-            if k == 3 + batches:
-                break
+        # Over as many epochs as it takes: --files 1024 makes only 4 batches an epoch,
+        # and one pass timed nothing (0 samples/s, then a division by zero).
+        n, k, t0 = 0, 0, 0.0
+        while k <= 3 + batches:
+            for x, _ in ld:
+                if k == 3:
+                    torch.cuda.synchronize()
+                    t0 = time.perf_counter()
+                elif k > 3:
+                    n += x.shape[0]
+                k += 1
+                if k > 3 + batches:
+                    break
         torch.cuda.synchronize()
         return n / (time.perf_counter() - t0)
 

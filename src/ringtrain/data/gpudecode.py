@@ -10,7 +10,8 @@ can. The path::
     worker:   collate: one flat byte array + offsets + boxes + flips  (collate_encoded)
     loader:   on its side stream, ahead of the loop (the same stream that copies
               batches; ringtrain.data.prefetch):
-              torchvision.io.decode_jpeg(list of files, device="cuda")   (nvJPEG, batched)
+              torchvision.io.decode_jpeg(list of files, device="cuda")   (nvJPEG, batched;
+                  the side stream drained first: see decode_jpegs)
               per image: crop the box, antialiased bilinear resize, flip
     loop:     images (B x 3 x size x size uint8, on the GPU) + the other fields
 
@@ -102,6 +103,16 @@ def decode_jpegs(files: list[torch.Tensor], device: torch.device) -> list[torch.
     except Exception as err:  # ImportError, or a torchvision built for another torch
         raise DataError(f"DecodeCrop(device='cuda') needs torchvision with nvJPEG "
                         f"(torchvision.io.decode_jpeg): {type(err).__name__}: {err}") from None
+    if device.type == "cuda":
+        # torchvision allocates the images on the current stream (the loader's side
+        # stream) but nvJPEG writes them on a private stream that never waits for the
+        # current one (nor does nvJPEG's hardware decoder honour stream order), while
+        # the caching allocator hands out a block as soon as it is freed on its stream:
+        # the previous batch's decoded images and resize buffers, freed while that
+        # batch's crop kernels are still queued, could be overwritten under those kernels
+        # (pytorch/vision#9606). Drain the stream first: every block it can hand out is
+        # then idle.
+        torch.cuda.current_stream(device).synchronize()
     return list(decode_jpeg(files, mode=ImageReadMode.RGB, device=device))
 
 

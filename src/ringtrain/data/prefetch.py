@@ -19,6 +19,7 @@ on the CPU with a fake backend.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections import deque
@@ -85,8 +86,12 @@ class CudaBackend:
         self.stream = torch.cuda.Stream(device=device)
 
     def register(self, ptr: int, size: int) -> bool:
-        # flags=0 (cudaHostRegisterDefault): this process uses one device.
-        err = int(torch.cuda.cudart().cudaHostRegister(ptr, size, 0))
+        # flags=0 (cudaHostRegisterDefault: mapped and portable under UVA). Under the
+        # loader's device: the runtime call runs in the current device's context, and a
+        # loader on cuda:N in a process that never called set_device(N) made (and held
+        # memory for) a context on GPU 0, in every rank.
+        with torch.cuda.device(self.device):
+            err = int(torch.cuda.cudart().cudaHostRegister(ptr, size, 0))
         if err != 0:
             log.warning("could not page-lock a %.1f MiB batch slot (cudaError %d); host-to-"
                         "device copies of its batches will be synchronous (raise "
@@ -94,7 +99,8 @@ class CudaBackend:
         return err == 0
 
     def unregister(self, ptr: int) -> None:
-        torch.cuda.cudart().cudaHostUnregister(ptr)
+        with torch.cuda.device(self.device):
+            torch.cuda.cudart().cudaHostUnregister(ptr)
 
     def host_alloc(self, nbytes: int) -> np.ndarray:
         # Page-locked memory from torch's caching host allocator (num_workers=0): it
@@ -102,22 +108,28 @@ class CudaBackend:
         return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True).numpy()
 
     def copy(self, host: Any, non_blocking: bool) -> tuple[Any, Any, Any]:
-        start = torch.cuda.Event(enable_timing=True)
-        end = torch.cuda.Event(enable_timing=True)
-        with torch.cuda.device(self.device), torch.cuda.stream(self.stream):
-            start.record(self.stream)
-            dev = tree_map(lambda t: t.to(self.device, non_blocking=non_blocking), host)
-            end.record(self.stream)
-        return dev, start, end
+        return self._between_events(
+            lambda: tree_map(lambda t: t.to(self.device, non_blocking=non_blocking), host))
 
     def run(self, fn: Callable[[Any, Any], Any], host: Any) -> tuple[Any, Any, Any]:
         """``fn(host, device)`` on the side stream between two events (a device stage
         such as GPU decode, which reads the host batch itself)."""
+        return self._between_events(lambda: fn(host, self.device))
+
+    def _between_events(self, work: Callable[[], Any]) -> tuple[Any, Any, Any]:
         start = torch.cuda.Event(enable_timing=True)
         end = torch.cuda.Event(enable_timing=True)
         with torch.cuda.device(self.device), torch.cuda.stream(self.stream):
             start.record(self.stream)
-            dev = fn(host, self.device)
+            try:
+                dev = work()
+            except BaseException:
+                # No end event, so the stager never tracks this batch: copies already
+                # queued still read its host memory (a slot that the failing loader
+                # unregisters and unmaps next). Let them finish first.
+                with contextlib.suppress(Exception):  # a broken context: the error stands
+                    self.stream.synchronize()
+                raise
             end.record(self.stream)
         return dev, start, end
 
