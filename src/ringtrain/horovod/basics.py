@@ -79,6 +79,7 @@ def init(comm: Any = None, process_sets: Sequence[ProcessSet] | str | None = Non
         world.env.rank, world.env.size, _connect if world.env.size > 1 else None,
         fusion_bytes=_fusion_bytes(), stall_timeout=limit, stall_warning=warning,
         cuda_backend="nccl" if world.backend == "nccl" else None,
+        device=world.device,
     )
     global_process_set._bind(0, list(range(world.env.size)), world.env.rank, None)
     if process_sets is not None and not isinstance(process_sets, str):

@@ -5,6 +5,7 @@ from pinning the device and adding the log handler once)."""
 from __future__ import annotations
 
 import logging
+import os
 
 import torch
 
@@ -23,6 +24,16 @@ def choose_backend(requested: str, local_size: int) -> str:
         if requested == "nccl" and not torch.cuda.is_available():
             raise ConfigError(
                 "backend 'nccl' needs CUDA GPUs but none is available; use backend='gloo' or 'auto'"
+            )
+        if requested == "nccl" and torch.cuda.device_count() < local_size:
+            # pin_device() gives local rank r the GPU cuda:r; a rank without one was left
+            # on the CPU under NCCL, and its first collective failed (NCCL moves only CUDA
+            # tensors), or two ranks shared a GPU (ncclInvalidUsage).
+            raise ConfigError(
+                f"backend 'nccl' needs one GPU per process on this host ({local_size} processes), "
+                f"but this process sees {torch.cuda.device_count()} (CUDA_VISIBLE_DEVICES="
+                f"{os.environ.get('CUDA_VISIBLE_DEVICES', '<unset>')}); local rank r uses cuda:r, "
+                "so show every process all of the host's GPUs, or use backend='gloo' or 'auto'"
             )
         return requested
     # NCCL only when every process on this host can own a GPU: sharing one GPU

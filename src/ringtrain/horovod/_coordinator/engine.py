@@ -39,6 +39,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
 import torch.distributed as dist
 
 from ringtrain import inflight, runtime
@@ -78,12 +79,15 @@ class PendingOp:
         self._event = threading.Event()
         self._result: Any = None
         self._error: BaseException | None = None
+        #: CUDA: the end of the operation on the cycle thread's stream (see _record).
+        self._done: tuple[torch.device, Any] | None = None
 
     def done(self) -> bool:
         return self._event.is_set()
 
-    def _finish(self, result: Any = None, error: BaseException | None = None) -> None:
-        self._result, self._error = result, error
+    def _finish(self, result: Any = None, error: BaseException | None = None,
+                done: tuple[torch.device, Any] | None = None) -> None:
+        self._result, self._error, self._done = result, error, done
         self._event.set()
 
     def wait(self) -> Any:
@@ -103,6 +107,11 @@ class PendingOp:
                 warn_at += every
         if self._error is not None:
             raise self._error
+        if self._done is not None:
+            # The result is written on the cycle thread's stream: the waiter's stream
+            # (the one the script reads it on) waits for that, as NCCL's work.wait() does.
+            device, event = self._done
+            torch.cuda.current_stream(device).wait_event(event)
         return self._result
 
 
@@ -119,17 +128,23 @@ class Engine:
 
     def __init__(self, rank: int, size: int, connect: Callable[[], dist.Store] | None, *,
                  fusion_bytes: int, stall_timeout: float | None, cuda_backend: str | None = None,
-                 stall_warning: float | None = None) -> None:
+                 stall_warning: float | None = None, device: torch.device | None = None) -> None:
         """``connect()`` opens a new connection to the job's store (None: a 1-process
         world, woken in-process). The cycle thread and the submitting threads each get
         their own: a store client serialises its calls, and the thread's blocking
-        ``wait`` would hold up every submission."""
+        ``wait`` would hold up every submission.
+
+        ``device``: this process's GPU (``cuda:<local_rank>``), made the cycle thread's
+        current device. CUDA's current device is per thread: a new thread starts on
+        ``cuda:0``, so a joined rank's zeros (``torch.cuda.current_device()``) went to
+        GPU 0 on every local rank and NCCL got a second rank on that GPU."""
         self.rank, self.size = rank, size
         self._waker: _Waker = _StoreWaker(connect) if connect is not None and size > 1 else _LocalWaker()
         self.fusion_bytes = fusion_bytes
         self.stall_timeout = stall_timeout
         self.stall_warning = stall_warning
         self._cuda_backend = cuda_backend
+        self._device = device if device is not None and device.type == "cuda" else None
         # Private groups: the cycle exchange and the operations never interleave with
         # the collectives the script issues on the default group meanwhile.
         control = dist.new_group(backend="gloo")
@@ -222,6 +237,13 @@ class Engine:
                 raise ConfigError(f"rank {self.rank} is not in process set {meta.set_id} "
                                   f"(ranks {ps_group.ranks}); only its members may use it")
         handles = [PendingOp(self, m, r) for m, r in zip(metas, requests, strict=True)]
+        for r in requests:
+            dev = _cuda_device(r)
+            if r is not None and dev is not None:
+                # The tensor was written on the submitting thread's stream: the cycle
+                # thread's stream waits for this point before reading it (Horovod's ready
+                # event). Without it a tensor made on a side stream went out unfinished.
+                r.ready = _record(dev)
         with self._lock:
             self._raise_if_failed()
             for meta in metas:
@@ -340,6 +362,8 @@ class Engine:
 
     def _run(self) -> None:
         try:
+            if self._device is not None:
+                torch.cuda.set_device(self._device)  # per thread (see __init__)
             for k in itertools.count():
                 if not self._wait_for_cycle(k) or self._aborted:
                     return
@@ -469,8 +493,16 @@ class Engine:
             keys = {m.key for m, _ in items}
             with self._lock:
                 self._running |= keys
+            devices = {d for d in (_cuda_device(h.request) if h is not None else None for h in mine)
+                       if d is not None}
             try:
+                for h in mine:
+                    req = h.request if h is not None else None
+                    if req is not None and req.ready is not None:
+                        assert req.tensor is not None
+                        torch.cuda.current_stream(req.tensor.device).wait_event(req.ready)
                 results = self._run_op(kind, group, items, mine)
+                done = {d: _record(d) for d in devices}
             except Exception as exc:  # noqa: BLE001 - the op's error goes to its handles
                 with self._lock:
                     self._running -= keys
@@ -485,7 +517,8 @@ class Engine:
             for h, res in zip(mine, results, strict=True):
                 if h is not None:
                     self.trace.ran(h.meta, h.submitted_at, t0, t1)
-                    self._complete(h, result=res)
+                    dev = _cuda_device(h.request)
+                    self._complete(h, result=res, done=(dev, done[dev]) if dev is not None else None)
 
     def _run_op(self, kind: str, group: Group, items: list[tuple[Meta, dict[int, Meta]]],
                 mine: list[PendingOp | None]) -> list[Any]:
@@ -507,11 +540,12 @@ class Engine:
             return [execute.alltoall(group, metas, req, self.rank)]
         raise CollectiveError(f"unknown operation {kind!r}")
 
-    def _complete(self, handle: PendingOp, result: Any = None, error: BaseException | None = None) -> None:
+    def _complete(self, handle: PendingOp, result: Any = None, error: BaseException | None = None,
+                  done: tuple[torch.device, Any] | None = None) -> None:
         with self._lock:
             if self._pending.get(handle.meta.key) is handle:
                 del self._pending[handle.meta.key]
-        handle._finish(result, error)
+        handle._finish(result, error, done)
 
     def _finish_join(self) -> None:
         with self._lock:
@@ -538,6 +572,23 @@ class Engine:
         for h in handles:
             h._finish(error=CollectiveError(f"the coordinator stopped on rank {self.rank}: {first_line(exc, None)}"))
 
+
+
+def _cuda_device(request: Request | None) -> torch.device | None:
+    """The GPU of a request's tensor (None: no request, or a CPU tensor)."""
+    t = request.tensor if request is not None else None
+    return t.device if t is not None and t.device.type == "cuda" else None
+
+
+def _record(device: torch.device) -> Any:
+    """An event at the current point of this thread's stream on ``device``.
+
+    Streams are per thread: the script's thread may be on a side stream, the cycle
+    thread is on the default one. Each side marks where its writes end and the other
+    side's stream waits for the mark (no host synchronisation)."""
+    event = torch.cuda.Event()
+    event.record(torch.cuda.current_stream(device))
+    return event
 
 
 def _group_of(name: str) -> str:

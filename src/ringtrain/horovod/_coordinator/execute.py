@@ -49,6 +49,9 @@ class Request:
     tensor: torch.Tensor | None
     #: where the result goes (the input itself for in-place variants); None: allocate
     output: torch.Tensor | None = None
+    #: CUDA: an event on the submitting thread's stream after ``tensor`` was written;
+    #: the coordinator's stream waits for it before the operation reads the tensor
+    ready: Any = None
 
 
 #: Integer dtypes whose sum over a few ranks overflows long before their average does.
