@@ -14,7 +14,7 @@ from ringtrain.env import LaunchEnv
 from ringtrain.errors import ConfigError
 from ringtrain.settings import Settings
 
-__all__ = ["choose_backend", "configure_logging", "gloo_interface", "pin_device"]
+__all__ = ["choose_backend", "configure_logging", "existing_backend", "gloo_interface", "pin_device"]
 
 log = logging.getLogger("ringtrain")
 
@@ -41,6 +41,19 @@ def choose_backend(requested: str, local_size: int) -> str:
     if torch.cuda.is_available() and torch.cuda.device_count() >= local_size:
         return "nccl"
     return "gloo"
+
+
+def existing_backend(name: str, config: str, device: torch.device) -> str:
+    """The backend of a group the script made itself, for ``device``'s tensors.
+
+    ``init_process_group()`` without a backend makes one backend per device type
+    (``get_backend()`` is ``"undefined"``, the config ``"cpu:gloo,cuda:nccl"`` on a GPU
+    host): a CUDA process's exchanges then run on NCCL, where treating the group as
+    not-NCCL staged every CUDA tensor through host memory and Gloo."""
+    if ":" not in config:
+        return name
+    per_device = dict(part.split(":", 1) for part in config.split(",") if ":" in part)
+    return per_device.get(device.type, per_device.get("cpu", name))
 
 
 def gloo_interface(env: LaunchEnv) -> str | None:

@@ -132,8 +132,8 @@ class Membership:
                 "call rt.init() before init_process_group(), or pass the launcher's RANK and WORLD_SIZE"
             )
         store = self.rendezvous.joined_existing(env)
-        name = str(dist.get_backend())
         dev = backend.pin_device(env)
+        name = backend.existing_backend(str(dist.get_backend()), dist.get_backend_config(), dev)
         world = World(env=env, backend=name, device=dev, settings=cfg, owns_group=False)
         log.info("joined the existing %s group of %d (device %s)", name, env.size, dev)
         return world, store
