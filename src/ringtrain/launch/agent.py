@@ -115,8 +115,13 @@ def worker_extras(env: dict[str, str], local_size: int, cpus: int) -> dict[str, 
     if "TORCH_NCCL_ASYNC_ERROR_HANDLING" not in env:
         # torchrun's default for its workers (local_elastic_agent.py): a failed or timed-out
         # NCCL collective aborts the communicators and ends the process (torch's own
-        # default, 3, ends it without the abort).
-        extra["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "1"
+        # default, 3, ends it without the abort). A resizable job's worker (ringrun
+        # --min-np/--max-np: it has an assignment file) must outlive a lost peer to join
+        # the next world: 2 aborts the communicators (the kernel spinning on the lost
+        # peer ends, the waiting call raises) but leaves the process up; under 1 the
+        # watchdog rethrew the error on its own thread and every survivor died (SIGABRT).
+        resizable = bool(env.get("RINGTRAIN_ELASTIC_FILE"))
+        extra["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "2" if resizable else "1"
     master = env.get("MASTER_ADDR", "")
     if master and not addresses.is_loopback(master) and "GLOO_SOCKET_IFNAME" not in env:
         # Gloo otherwise binds whatever the host name resolves to, often 127.0.1.1 or an

@@ -37,7 +37,10 @@ __all__ = [
 #: Variables forwarded to remote workers by default, so ``python`` means the same
 #: interpreter there; anything else needs ``-x NAME``.
 FORWARDED_NAMES = ("PATH", "PYTHONPATH", "VIRTUAL_ENV", "LD_LIBRARY_PATH")
-FORWARDED_PREFIXES = ("RINGTRAIN_", "NCCL_", "GLOO_")
+#: ``TORCH_NCCL_``: torch's NCCL settings (async error handling, blocking wait, the
+#: heartbeat monitor) must be the same on every rank; a value in ringrun's environment
+#: wins over the agent's default (see ``agent.worker_extras``) on remote hosts too.
+FORWARDED_PREFIXES = ("RINGTRAIN_", "NCCL_", "GLOO_", "TORCH_NCCL_")
 
 #: The host agent, run by absolute path on every host (ssh) or node (srun).
 AGENT_SCRIPT = Path(__file__).resolve().with_name("agent.py")

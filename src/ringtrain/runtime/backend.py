@@ -14,7 +14,8 @@ from ringtrain.env import LaunchEnv
 from ringtrain.errors import ConfigError
 from ringtrain.settings import Settings
 
-__all__ = ["choose_backend", "configure_logging", "existing_backend", "gloo_interface", "pin_device"]
+__all__ = ["NCCL_TIMEOUT_MARGIN_S", "choose_backend", "configure_logging", "existing_backend", "gloo_interface",
+           "nccl_op_timeout", "pin_device"]
 
 log = logging.getLogger("ringtrain")
 
@@ -41,6 +42,24 @@ def choose_backend(requested: str, local_size: int) -> str:
     if torch.cuda.is_available() and torch.cuda.device_count() >= local_size:
         return "nccl"
     return "gloo"
+
+
+#: How much longer than the stall timeout an NCCL group's watchdog lets an operation run.
+#: Its clock starts when the operation is queued (a gradient bucket: during the backward
+#: pass), the stall check's when the caller waits; the check then reads the store.
+NCCL_TIMEOUT_MARGIN_S = 60.0
+
+
+def nccl_op_timeout(settings: Settings) -> float:
+    """Seconds an operation may run on an NCCL group ringtrain makes (its ``timeout=``).
+
+    NCCL's watchdog acts on its own timeout: it aborts the communicators and, under
+    ``TORCH_NCCL_ASYNC_ERROR_HANDLING=1`` (ringrun's default, as torchrun's), ends the
+    process from its thread. It must come after ringtrain's stall check, which names the
+    missing ranks (a StallError); with the init timeout alone (300 s), a stall timeout
+    raised past it (a long evaluation on one rank) was cut short by a SIGABRT instead.
+    """
+    return max(settings.init_timeout, settings.stall_timeout + NCCL_TIMEOUT_MARGIN_S)
 
 
 def existing_backend(name: str, config: str, device: torch.device) -> str:

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+from torch.distributed import distributed_c10d as c10d
 
 from ringtrain import assignment, inflight
 from ringtrain import sever as sever_mod
@@ -114,7 +115,11 @@ class Membership:
         store = self.rendezvous.open(env, pg_timeout)
         await_everyone(store, env, cfg.init_timeout)
         dev = backend.pin_device(env)
-        dist.init_process_group(chosen, store=store, rank=env.rank, world_size=env.size, timeout=pg_timeout)
+        # NCCL's operations are bounded by its watchdog, which must not fire before the
+        # stall check (see backend.nccl_op_timeout); Gloo's by the init timeout, as before.
+        op_timeout = (datetime.timedelta(seconds=backend.nccl_op_timeout(cfg)) if chosen == "nccl"
+                      else pg_timeout)
+        dist.init_process_group(chosen, store=store, rank=env.rank, world_size=env.size, timeout=op_timeout)
         self.store = store
         self.world = World(env=env, backend=chosen, device=dev, settings=cfg, owns_group=True)
         log.info("joined %s world of %d (backend %s, device %s)", env.launcher, env.size, chosen, dev)
@@ -176,9 +181,22 @@ class Membership:
         """Leave the world without waiting for its peers (a resizable job re-forming after a
         loss, or growing). Call :meth:`sever` on the world's addresses first: then no thread
         of the old groups waits on a peer, and they are destroyed at once. Clears the broken
-        mark, so the next :meth:`join` (after :meth:`assign`) starts clean."""
+        mark, so the next :meth:`join` (after :meth:`assign`) starts clean.
+
+        An NCCL world's groups are aborted first, before the layers' hooks run: closing
+        connections does not end an NCCL kernel spinning on a peer that vanished (NVLink,
+        shared memory and InfiniBand are no sockets of ours), and ``destroy_process_group``
+        is torch's normal exit: ``ProcessGroupNCCL.shutdown()`` waits for every NCCL kernel
+        to finish, so it hung here (and a hook's ``destroy_process_group`` of an exchange
+        group did too) until the watchdog's timeout. ``_abort_process_group`` is torch's
+        bail-out for hangs and failures: every communicator is aborted at once (NCCL's
+        group abort, so two hung communicators cannot block each other's abort), which
+        ends their kernels and frees their GPU memory before the next world makes its own.
+        """
         w = self.world
         if w is not None:
+            if w.owns_group and w.backend == "nccl" and dist.is_initialized():
+                _abort_all_groups()
             self._run_hooks_leniently("abandon")
             if w.owns_group and dist.is_initialized():
                 try:
@@ -300,6 +318,15 @@ class Membership:
             except Exception:  # noqa: BLE001 - a closed stream: nothing more to write
                 pass
         os._exit(1)
+
+
+def _abort_all_groups() -> None:
+    """Abort every process group of this process without waiting for any peer (see
+    :meth:`Membership.abandon`); a failure is logged and the groups are then destroyed."""
+    try:
+        c10d._abort_process_group()
+    except Exception as exc:  # noqa: BLE001 - destroy_process_group() is tried next
+        log.debug("abandon: aborting the groups failed (%s)", exc)
 
 
 #: The process's one membership (a process is in at most one world at a time).

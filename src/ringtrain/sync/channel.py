@@ -45,6 +45,7 @@ import torch
 
 from ringtrain import inflight, runtime
 from ringtrain.errors import CollectiveError, first_line
+from ringtrain.runtime.backend import nccl_op_timeout
 from ringtrain.sync._tensors import ScratchPool
 from ringtrain.sync.transport import GlooTransport, Msg, NcclTransport, Op, PeerError, Transport
 
@@ -208,7 +209,8 @@ def channel(device: torch.device | str = "cpu") -> Channel:
             else:
                 # Made here, in the submitting thread, at the same point of the program
                 # on every rank (new_group's requirement; see transport.py).
-                transport = NcclTransport(dev, world.settings.init_timeout)
+                # Its watchdog's timeout comes after the stall check (backend.nccl_op_timeout).
+                transport = NcclTransport(dev, nccl_op_timeout(world.settings))
             # The init timeout bounds only jobs submitted without a timeout; strategies
             # pass their stall_timeout with every exchange.
             ch = Channel(env.rank, env.size, transport, world.settings.init_timeout)
