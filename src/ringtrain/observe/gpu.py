@@ -190,7 +190,21 @@ class DeviceStepTimer:
         self.poll()
 
     def poll(self) -> None:
-        """Read back the steps the GPU has finished (non-blocking)."""
-        while self._pending and self._pending[0][2].query():
-            index, start, end = self._pending.popleft()
-            self.times.append((index, start.elapsed_time(end) / 1e3))
+        """Read back the steps the GPU has finished (non-blocking).
+
+        This runs inside the loop's own calls (an event listener), so it never raises:
+        ``elapsed_time`` is CUDA's error unless both marks are complete and on one device
+        (a step ended on another stream than the one its batch mark is on, or after the
+        current device changed), so both are queried and a pair that still cannot be
+        compared is dropped.
+        """
+        while self._pending:
+            index, start, end = self._pending[0]
+            if not (end.query() and start.query()):
+                return
+            self._pending.popleft()
+            try:
+                seconds = start.elapsed_time(end) / 1e3
+            except RuntimeError:
+                continue
+            self.times.append((index, seconds))

@@ -25,7 +25,9 @@ __all__ = ["clip_grad_norm"]
 
 
 def _local_share(grad: torch.Tensor, holders: int, p: float) -> torch.Tensor:
-    """This rank's part of ``sum |g|^p`` (``max |g|`` for p = inf), in float64 on the CPU."""
+    """This rank's part of ``sum |g|^p`` (``max |g|`` for p = inf), in float64 on the
+    gradient's device (no copy to the host: on CUDA each ``.cpu()`` here was a device
+    synchronisation per gradient, every step)."""
     from torch.distributed.tensor import DTensor, Replicate
 
     shards = 1
@@ -40,10 +42,10 @@ def _local_share(grad: torch.Tensor, holders: int, p: float) -> torch.Tensor:
         grad = grad.to_local()
     local = grad.detach().to(torch.float64).abs()
     if local.numel() == 0:
-        return torch.zeros((), dtype=torch.float64)
+        return torch.zeros((), dtype=torch.float64, device=local.device)
     if p == float("inf"):
-        return local.max().cpu()
-    return local.pow(p).sum().cpu() / (holders // shards)
+        return local.max()
+    return local.pow(p).sum() / (holders // shards)
 
 
 def clip_grad_norm(parameters: Iterable[nn.Parameter], max_norm: float,
@@ -60,12 +62,21 @@ def clip_grad_norm(parameters: Iterable[nn.Parameter], max_norm: float,
     if not p > 0:
         raise ConfigError(f"clip_grad_norm_: norm_type must be > 0 or inf, got {norm_type!r}")
     grads = [q.grad for q in parameters if q.grad is not None]
-    total = torch.zeros((), dtype=torch.float64)
+    inf = p == float("inf")
+    # Summed on each gradient's device, then moved once per device to where the
+    # all-reduce runs (the host for one process): the norm's float() below is the one
+    # host synchronisation of the step's clipping.
+    per_device: dict[torch.device, torch.Tensor] = {}
     for grad in grads:
         share = _local_share(grad, holders, p)
-        total = torch.maximum(total, share) if p == float("inf") else total + share
+        held = per_device.get(share.device)
+        per_device[share.device] = share if held is None else (
+            torch.maximum(held, share) if inf else held + share)
+    total = torch.zeros((), dtype=torch.float64, device=device if device is not None else "cpu")
+    for share in per_device.values():
+        share = share.to(total.device)
+        total = torch.maximum(total, share) if inf else total + share
     if device is not None:
-        total = total.to(device)
         inflight.hold(total)
         dist.all_reduce(total, op=dist.ReduceOp.MAX if p == float("inf") else dist.ReduceOp.SUM)
     norm = float(total) if p == float("inf") else float(total) ** (1.0 / p)

@@ -17,6 +17,7 @@ One step::
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import time
 import warnings
@@ -596,7 +597,7 @@ _DIFFERENT_MODEL = (
 
 
 def _agree(problem: str | None, rank: int, world: int,
-           fingerprint: Sequence[float] = ()) -> None:
+           fingerprint: Sequence[float] = (), device: torch.device | None = None) -> None:
     """Raise the same ConfigError on every rank if the checks failed on any.
 
     The checks are pure, so normally every rank finds the same problem; gathering the
@@ -605,15 +606,19 @@ def _agree(problem: str | None, rank: int, world: int,
     exits mid-rendezvous breaks Gloo's connection set-up on the others). The same
     gather compares the ranks' models (``fingerprint``): FSDP2 and DTensor do not
     broadcast initial values, so a model built with another seed on one rank would
-    make data and tensor replicas that silently never agree.
+    make data and tensor replicas that silently never agree. ``device``: this rank's
+    (see :func:`_resolve_device`), where the gather runs under NCCL.
     """
     def gather(mine: str | None) -> list[str | None]:
         if world == 1:
             return [mine]
-        # NCCL moves only CUDA tensors (the device is not known yet: this rank's own).
+        # NCCL moves only CUDA tensors, on this rank's own device.
         nccl = dist.get_backend() == "nccl"
-        device = torch.device("cuda", torch.cuda.current_device()) if nccl else None
-        outcomes = inflight.gather_objects((mine, list(fingerprint)), device=device)
+        where = None
+        if nccl:
+            where = (device if device is not None and device.type == "cuda"
+                     else torch.device("cuda", torch.cuda.current_device()))
+        outcomes = inflight.gather_objects((mine, list(fingerprint)), device=where)
         first = outcomes[0][1]
         return [found if found or _equal_to_rounding(prints, first) else _DIFFERENT_MODEL
                 for found, prints in outcomes]
@@ -624,6 +629,41 @@ def _agree(problem: str | None, rank: int, world: int,
     first = failed[min(failed)]
     where = "" if len(failed) == world else f" (on rank(s) {rank_list(failed)})"
     raise ConfigError(f"{first}{where}")
+
+
+def _resolve_device(device: torch.device | str | None) -> torch.device:
+    """This rank's device (``device``, default ``rt.device()``), with its index, made
+    CUDA's current device.
+
+    FSDP2 puts the shards on the *current* CUDA device (``torch.cuda.current_device()``
+    of the mesh's device type, whatever the module was moved to), and DeviceMesh and
+    NCCL bind this rank's communicators to it ("manual device selection should happen
+    BEFORE the DeviceMesh initialization", torch's DeviceMesh doc). ``device="cuda:1"``
+    on a process whose current device was still 0 sharded the stage onto cuda:0 and
+    gathered the checks there, on the same GPU as rank 0's. Before ``rt.init()`` (a
+    torchrun script with its own process group) and before anything touched CUDA, the
+    default is ``cuda:$LOCAL_RANK``, as DeviceMesh would pick, not device 0 on every rank.
+    """
+    if device is not None:
+        try:
+            dev = torch.device(device)
+        except (RuntimeError, TypeError) as exc:
+            raise ConfigError(f"parallelize(device={device!r}): {exc}") from None
+    elif (not runtime.is_initialized() and torch.cuda.is_available()
+          and not torch.cuda.is_initialized() and os.environ.get("LOCAL_RANK", "").isdigit()
+          and int(os.environ["LOCAL_RANK"]) < torch.cuda.device_count()):
+        dev = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+    else:
+        dev = runtime.device()
+    if dev.type != "cuda":
+        return dev
+    if dev.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    if dev.index >= torch.cuda.device_count():
+        raise ConfigError(f"parallelize: device {dev} does not exist here "
+                          f"({torch.cuda.device_count()} CUDA device(s))")
+    torch.cuda.set_device(dev)
+    return dev
 
 
 def parallelize(model: nn.Module, loss_fn: LossFn, *, pipeline: int = 1, tensor: int = 1,
@@ -650,11 +690,15 @@ def parallelize(model: nn.Module, loss_fn: LossFn, *, pipeline: int = 1, tensor:
         tensor_plan: module-name patterns -> ``"colwise"`` / ``"rowwise"``
             (see :mod:`ringtrain.parallel.tensor`); needed when ``tensor > 1``. With
             ``tensor=1`` it splits nothing but is still checked against the model.
-        device: default ``rt.device()``.
+        device: default ``rt.device()``; a CUDA device becomes the current one (FSDP2
+            and DeviceMesh place shards and communicators there), see :func:`_resolve_device`.
     """
     rank, world = _world()
     problem: str | None = None
+    dev: torch.device | None = None
     try:
+        # Before any collective: the checks' own gather runs on this device under NCCL.
+        dev = _resolve_device(device)
         layout = Layout(pipeline, tensor, data, shard is not False, microbatches,
                         "1f1b" if schedule is None else schedule).resolve(world)
         _check_unpipelined(layout, split, layout.schedule if schedule is not None else None)
@@ -662,11 +706,11 @@ def parallelize(model: nn.Module, loss_fn: LossFn, *, pipeline: int = 1, tensor:
                                   tensor_plan)
     except ConfigError as exc:
         problem = str(exc)
-    _agree(problem, rank, world, _fingerprint(model) if world > 1 else ())
+    _agree(problem, rank, world, _fingerprint(model) if world > 1 else (), dev)
+    assert dev is not None  # (resolved, or its ConfigError raised on every rank above)
     if shard is True and layout.data == 1 and world > 1:
         warnings.warn(f"shard=True has no effect: {layout.describe()} has one data replica, "
                       "so there is nothing to shard over", stacklevel=2)
-    dev = torch.device(device) if device is not None else runtime.device()
     coords = layout.coords(rank)
     mesh = build_mesh(layout, dev.type) if world > 1 else None
 

@@ -26,7 +26,8 @@ class StateMemory:
     parameters: int
     gradients: int
     optimizer: int
-    #: ``torch.cuda.memory_allocated()`` at the time of measuring (None off CUDA).
+    #: ``torch.cuda.memory_allocated`` of the parameters' device at the time of
+    #: measuring (None off CUDA).
     cuda_allocated: int | None = None
 
     @property
@@ -78,6 +79,9 @@ def state_memory(parameters: Iterable[torch.nn.Parameter],
     if optimizer is not None:
         o_bytes = _bytes(_tensors(list(optimizer.state.values())), seen)
     cuda = None
-    if any(_local(p).is_cuda for p in params):
-        cuda = torch.cuda.memory_allocated()
+    on_cuda = next((_local(p).device for p in params if _local(p).is_cuda), None)
+    if on_cuda is not None:
+        # The parameters' device, not the current one (a module placed on cuda:1 in a
+        # process whose current device is 0 reported cuda:0's counter).
+        cuda = torch.cuda.memory_allocated(on_cuda)
     return StateMemory(p_bytes, g_bytes, o_bytes, cuda)
