@@ -36,16 +36,17 @@ def _doctor(tmp_path: Path, script: str, *flags: str) -> int:
 ])
 def test_verdict_on_synthetic_scripts(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                       script: str, np: int, verdict: str) -> None:
-    code = _doctor(tmp_path, script, "-np", str(np), "--steps", "6", "--warmup", "2")
+    # 12 steps: on a loaded machine one step's preemption is then a smaller share
+    code = _doctor(tmp_path, script, "-np", str(np), "--steps", "12", "--warmup", "2")
     out = capsys.readouterr().out
     assert code == 0, out
-    assert f"verdict: {verdict}" in out
-    assert f"{np} of {np} rank(s) reported, 6 steps measured" in out
+    assert f"verdict: {verdict}" in out, out
+    assert f"{np} of {np} rank(s) reported, 12 steps measured" in out
     reports = doctor.load_reports(tmp_path / "doc")
     assert sorted(r["rank"] for r in reports) == list(range(np))
-    assert all(r["complete"] and r["summary"]["steps"] == 6 for r in reports)
-    # The doctor stopped the script after the measurement: 2 + 6 steps, not 10,000.
-    assert all(r["summary"]["steps_seen"] == 8 for r in reports)
+    assert all(r["complete"] and r["summary"]["steps"] == 12 for r in reports)
+    # The doctor stopped the script after the measurement: 2 + 12 steps, not 10,000.
+    assert all(r["summary"]["steps_seen"] == 14 for r in reports)
     timeline = json.loads((tmp_path / "doc" / "timeline.json").read_text())
     assert {e["pid"] for e in timeline["traceEvents"]} == set(range(np))
     if verdict == "INPUT-BOUND":
