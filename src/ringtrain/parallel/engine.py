@@ -17,7 +17,6 @@ One step::
 from __future__ import annotations
 
 import logging
-import os
 import sys
 import time
 import warnings
@@ -649,12 +648,8 @@ def _resolve_device(device: torch.device | str | None) -> torch.device:
             dev = torch.device(device)
         except (RuntimeError, TypeError) as exc:
             raise ConfigError(f"parallelize(device={device!r}): {exc}") from None
-    elif (not runtime.is_initialized() and torch.cuda.is_available()
-          and not torch.cuda.is_initialized() and os.environ.get("LOCAL_RANK", "").isdigit()
-          and int(os.environ["LOCAL_RANK"]) < torch.cuda.device_count()):
-        dev = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
     else:
-        dev = runtime.device()
+        dev = runtime.device()  # before rt.init(): the script's choice, else cuda:$LOCAL_RANK
     if dev.type != "cuda":
         return dev
     if dev.index is None:

@@ -162,13 +162,21 @@ def cross_size() -> int:
 
 
 def device() -> torch.device:
-    """``cuda:<local_rank>`` when this process has a GPU, else ``cpu`` (works before init)."""
+    """``cuda:<local_rank>`` when this process has a GPU, else ``cpu`` (works before init).
+
+    Before ``rt.init()``: the CUDA device the script made current once it has used CUDA
+    (``torch.cuda.set_device``), else ``cuda:$LOCAL_RANK`` (torchrun's and ringrun's
+    variable), as DeviceMesh picks it: the current device of a process that has not
+    chosen one is 0, which put every rank's batches on the first GPU."""
     w = MEMBERSHIP.world
     if w is not None:
         return w.device
-    if torch.cuda.is_available():
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
+    if not torch.cuda.is_available():
+        return torch.device("cpu")
+    local = os.environ.get("LOCAL_RANK", "")
+    if not torch.cuda.is_initialized() and local.isdigit() and int(local) < torch.cuda.device_count():
+        return torch.device("cuda", int(local))
+    return torch.device("cuda", torch.cuda.current_device())
 
 
 def job_world() -> tuple[int, int, int]:

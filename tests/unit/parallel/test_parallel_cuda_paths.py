@@ -67,7 +67,6 @@ def test_before_init_and_before_cuda_the_default_is_the_local_rank(
 def test_a_device_the_script_already_chose_is_kept(monkeypatch: pytest.MonkeyPatch) -> None:
     cuda = _FakeCuda(monkeypatch, current=1, initialized=True)
     monkeypatch.setenv("LOCAL_RANK", "3")
-    monkeypatch.setattr(runtime, "device", lambda: torch.device("cuda", cuda.current))
     assert engine._resolve_device(None) == torch.device("cuda", 1)
     assert cuda.set_calls == [1]  # made current again: a no-op
 
