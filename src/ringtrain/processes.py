@@ -50,15 +50,42 @@ class Stoppable(Protocol):
 
 
 def pieces(stream: IO[bytes]) -> Iterator[tuple[bytes, bool]]:
-    """Read a pipe as ``(piece, partial)``; ``partial`` when the piece is the start or
-    middle of a line longer than :data:`PIECE_BYTES` (more of that line follows)."""
+    """Read a pipe as ``(piece, partial)`` as soon as each piece ends; ``partial`` when
+    more of its line follows: the start or middle of a line longer than
+    :data:`PIECE_BYTES`, or a progress bar's state ended by a carriage return.
+
+    A piece ends at a newline, or at a carriage return not followed by one: a progress
+    bar (tqdm) redraws its line after ``\r`` and writes no newline until it is done, so
+    waiting for the newline showed none of it until then (Horovod's launcher also passes
+    each ``\r`` on at once)."""
+    buf = b""
     while True:
-        piece = stream.readline(PIECE_BYTES)
-        if not piece:
-            return
-        # A full piece without a newline: the line goes on (at worst it ended exactly at
-        # the boundary and the next read is end of input, which costs nothing).
-        yield piece, len(piece) == PIECE_BYTES and not piece.endswith(b"\n")
+        end = _piece_end(buf)
+        if end:
+            piece, buf = buf[:end], buf[end:]
+            yield piece, piece.endswith(b"\r")
+        elif len(buf) >= PIECE_BYTES:
+            piece, buf = buf[:PIECE_BYTES], buf[PIECE_BYTES:]
+            yield piece, True  # a long line goes on
+        else:
+            more = stream.read1(PIECE_BYTES)  # type: ignore[attr-defined]  # what the pipe has now
+            if not more:
+                if buf:
+                    yield buf, False
+                return
+            buf += more
+
+
+def _piece_end(buf: bytes) -> int:
+    """Where the first piece of ``buf`` ends (after its newline or lone carriage return),
+    0 when none has ended yet."""
+    newline = buf.find(b"\n")
+    cr = buf.find(b"\r", 0, newline if newline >= 0 else len(buf))
+    while cr >= 0 and cr + 1 < len(buf) and buf[cr + 1:cr + 2] == b"\n":
+        cr = buf.find(b"\r", cr + 1, newline if newline >= 0 else len(buf))  # \r\n: a newline
+    if cr >= 0:
+        return cr + 1
+    return newline + 1 if newline >= 0 else 0
 
 
 #: What to do about a process that could not be started, by the error's errno.

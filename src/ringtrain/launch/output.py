@@ -174,7 +174,7 @@ class OutputSink:
         stamp = time.asctime().encode() if self.timestamp else b""
         if self.prefix:
             text = stamp + f"[{rank}] ".encode() + piece
-            if not text.endswith(b"\n"):
+            if not text.endswith((b"\n", b"\r")):  # \r: a progress bar redraws its line
                 text += b"\n"  # a piece of a long line: its own line, so ranks never mix
         else:
             text = stamp + (b" " if stamp else b"") + piece
