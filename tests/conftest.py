@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -20,3 +21,15 @@ def pytest_configure(config: pytest.Config) -> None:
         from timing import TimingPlugin
 
         config.pluginmanager.register(TimingPlugin(out), "ringtest-timing")
+
+
+@pytest.fixture
+def hvd_one_rank() -> Iterator[None]:
+    """``ringtrain.horovod`` initialised as a 1-process world for the test, shut down after."""
+    import ringtrain.horovod as hvd
+
+    hvd.init()
+    try:
+        yield
+    finally:
+        hvd.shutdown()

@@ -5,21 +5,10 @@ factor is Horovod's ValueError (``pytorch_mnist.py --use-adasum
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 import torch
 
 import ringtrain.horovod as hvd
-
-
-@pytest.fixture
-def one_rank() -> Iterator[None]:
-    hvd.init()
-    try:
-        yield
-    finally:
-        hvd.shutdown()
 
 
 def _wrap(**kw: object) -> object:
@@ -29,11 +18,11 @@ def _wrap(**kw: object) -> object:
 
 
 @pytest.mark.parametrize("op", [hvd.Adasum, hvd.Sum])
-def test_a_factor_with_another_op_is_horovods_error(one_rank: None, op: int) -> None:
+def test_a_factor_with_another_op_is_horovods_error(hvd_one_rank: None, op: int) -> None:
     with pytest.raises(ValueError, match="gradient_predivide_factor not supported with op != Average"):
         _wrap(op=op, gradient_predivide_factor=2.0)
 
 
-def test_a_factor_with_average_and_adasum_without_one_are_accepted(one_rank: None) -> None:
+def test_a_factor_with_average_and_adasum_without_one_are_accepted(hvd_one_rank: None) -> None:
     assert isinstance(_wrap(gradient_predivide_factor=2.0), torch.optim.SGD)
     assert isinstance(_wrap(op=hvd.Adasum), torch.optim.SGD)

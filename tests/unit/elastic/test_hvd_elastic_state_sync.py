@@ -7,22 +7,10 @@ docstring says how)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
-import pytest
 import torch
 
 import ringtrain.horovod as hvd
 from ringtrain.horovod.elastic import ElasticSampler, ObjectState, TorchState
-
-
-@pytest.fixture
-def one_rank() -> Iterator[None]:
-    hvd.init()
-    try:
-        yield
-    finally:
-        hvd.shutdown()
 
 
 def _step(model: torch.nn.Module, opt: torch.optim.Optimizer) -> None:
@@ -31,7 +19,7 @@ def _step(model: torch.nn.Module, opt: torch.optim.Optimizer) -> None:
     opt.step()
 
 
-def test_the_first_sync_takes_the_keywords_not_what_was_assigned_since(one_rank: None) -> None:
+def test_the_first_sync_takes_the_keywords_not_what_was_assigned_since(hvd_one_rank: None) -> None:
     """Horovod's first sync broadcasts the state's saved values (its keywords) and sets
     the attributes from them: ``state.epoch = 5`` between building the state and
     ``run`` is dropped, while the model (synced by its handler from its parameters now)
@@ -51,7 +39,7 @@ def test_the_first_sync_takes_the_keywords_not_what_was_assigned_since(one_rank:
     assert torch.all(model.weight == 2.0)
 
 
-def test_sync_drops_what_was_assigned_after_the_last_commit(one_rank: None) -> None:
+def test_sync_drops_what_was_assigned_after_the_last_commit(hvd_one_rank: None) -> None:
     """After a commit, sync() sets rank 0's committed values on every rank, rank 0 too;
     ringtrain kept rank 0's uncommitted ``state.batch``."""
     state = ObjectState(epoch=0, batch=0)
@@ -62,7 +50,7 @@ def test_sync_drops_what_was_assigned_after_the_last_commit(one_rank: None) -> N
     assert (state.epoch, state.batch) == (1, 4)
 
 
-def test_a_commit_keeps_the_value_itself_as_horovods(one_rank: None) -> None:
+def test_a_commit_keeps_the_value_itself_as_horovods(hvd_one_rank: None) -> None:
     """Horovod saves ``getattr(self, attr)``, no copy: after restore() and sync() the
     attribute is still the script's own list, and what was appended in place stays.
     ringtrain restored a deep copy: the script's ``history`` was no longer the state's,
