@@ -61,7 +61,7 @@ def pieces(stream: IO[bytes]) -> Iterator[tuple[bytes, bool]]:
     buf = b""
     while True:
         end = _piece_end(buf)
-        if end:
+        if 0 < end <= PIECE_BYTES:
             piece, buf = buf[:end], buf[end:]
             yield piece, piece.endswith(b"\r")
         elif len(buf) >= PIECE_BYTES:

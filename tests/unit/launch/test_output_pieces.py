@@ -32,6 +32,18 @@ def test_a_long_line_goes_in_bounded_pieces() -> None:
     assert [partial for _, partial in got] == [True, True, False]
 
 
+def test_no_piece_is_longer_than_piece_bytes_whatever_the_reads_return() -> None:
+    class Chunks:
+        def __init__(self, *chunks: bytes) -> None:
+            self.chunks = list(chunks)
+
+        def read1(self, n: int) -> bytes:
+            return self.chunks.pop(0) if self.chunks else b""
+
+    got = list(pieces(Chunks(b"x" * 100, b"y" * PIECE_BYTES + b"\n")))  # type: ignore[arg-type]
+    assert [len(p) for p, _ in got] == [PIECE_BYTES, 101] and got[0][1] and not got[1][1]
+
+
 def test_a_progress_update_is_passed_on_before_the_line_ends() -> None:
     """Through a real pipe that stays open: the update arrives without the newline."""
     r, w = os.pipe()
