@@ -291,6 +291,10 @@ class Loader:
         self._world_size = None if world_size is None else int(world_size)
         self._cuda = self.device.type == "cuda"
         self._pin = self._cuda if pin_memory is None else bool(pin_memory) and self._cuda
+        if pin_memory and not self._cuda:
+            # DataLoader warns too: page-locking only serves a copy to a CUDA device.
+            warnings.warn(f"pin_memory=True has no effect: batches go to {self.device}, not a CUDA "
+                          "device (pass device='cuda' for page-locked, overlapped copies)", stacklevel=2)
         self._device_depth = device_prefetch
         self._worker_kwargs = dict(collate_fn=collate_fn, seed=seed, seed_batches=seed_workers,
                                    start_method=start_method, worker_init_fn=worker_init_fn)
