@@ -15,18 +15,35 @@ from ringtrain.errors import ConfigError
 from ringtrain.settings import Settings
 
 __all__ = ["NCCL_TIMEOUT_MARGIN_S", "choose_backend", "configure_logging", "existing_backend", "gloo_interface",
-           "nccl_op_timeout", "pin_device"]
+           "nccl_op_timeout", "own_gpus", "pin_device"]
 
 log = logging.getLogger("ringtrain")
 
 
-def choose_backend(requested: str, local_size: int) -> str:
+#: Launchers that can give each process GPUs of its own through ``CUDA_VISIBLE_DEVICES``
+#: (``srun --gpus-per-task``, ``--gpu-bind``; an mpirun or torchrun wrapper that sets it
+#: from the local rank). ringrun starts every rank of a host with the same environment.
+_BINDING_LAUNCHERS = ("slurm", "mpirun", "torchrun")
+
+
+def own_gpus(env: LaunchEnv) -> bool:
+    """Whether this process was given GPUs of its own: it sees some, fewer than the
+    host's processes, under a launcher that binds them and with ``CUDA_VISIBLE_DEVICES``
+    set. It then uses its first, ``cuda:0``; local rank r on ``cuda:r`` left every rank
+    but the first on the CPU, and with Gloo, under ``srun --gpus-per-task=1``."""
+    if env.launcher not in _BINDING_LAUNCHERS or not os.environ.get("CUDA_VISIBLE_DEVICES", "").strip():
+        return False
+    return torch.cuda.is_available() and 1 <= torch.cuda.device_count() < env.local_size
+
+
+def choose_backend(requested: str, env: LaunchEnv) -> str:
+    local_size = env.local_size
     if requested != "auto":
         if requested == "nccl" and not torch.cuda.is_available():
             raise ConfigError(
                 "backend 'nccl' needs CUDA GPUs but none is available; use backend='gloo' or 'auto'"
             )
-        if requested == "nccl" and torch.cuda.device_count() < local_size:
+        if requested == "nccl" and torch.cuda.device_count() < local_size and not own_gpus(env):
             # pin_device() gives local rank r the GPU cuda:r; a rank without one was left
             # on the CPU under NCCL, and its first collective failed (NCCL moves only CUDA
             # tensors), or two ranks shared a GPU (ncclInvalidUsage).
@@ -39,7 +56,7 @@ def choose_backend(requested: str, local_size: int) -> str:
         return requested
     # NCCL only when every process on this host can own a GPU: sharing one GPU
     # between NCCL ranks is unsupported (ncclInvalidUsage).
-    if torch.cuda.is_available() and torch.cuda.device_count() >= local_size:
+    if torch.cuda.is_available() and (torch.cuda.device_count() >= local_size or own_gpus(env)):
         return "nccl"
     return "gloo"
 
@@ -91,9 +108,12 @@ def gloo_interface(env: LaunchEnv) -> str | None:
 
 
 def pin_device(env: LaunchEnv) -> torch.device:
-    if torch.cuda.is_available() and torch.cuda.device_count() > env.local_rank:
-        torch.cuda.set_device(env.local_rank)
-        return torch.device("cuda", env.local_rank)
+    """``cuda:<local_rank>`` made current (``cuda:0`` for a process with GPUs of its own,
+    :func:`own_gpus`), else the CPU."""
+    index = 0 if own_gpus(env) else env.local_rank
+    if torch.cuda.is_available() and torch.cuda.device_count() > index:
+        torch.cuda.set_device(index)
+        return torch.device("cuda", index)
     return torch.device("cpu")
 
 

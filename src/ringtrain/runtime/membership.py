@@ -105,7 +105,7 @@ class Membership:
         if dist.is_initialized():
             self.world, self.store = self._join_existing(env, cfg)
             return self.world
-        chosen = backend.choose_backend(cfg.backend, env.local_size)
+        chosen = backend.choose_backend(cfg.backend, env)
         if chosen == "gloo":
             iface = backend.gloo_interface(env)
             if iface:
