@@ -88,6 +88,8 @@ def _loader_rate(root: Path, gpu: bool, workers: int, batches: int) -> float:
     ds = rt.data.ImageFolder(root, decode=False, transform=crop)
     kwargs: dict[str, Any] = {"collate_fn": crop.collate} if gpu else {}
     with rt.data.Loader(ds, batch_size=256, num_workers=workers, device="cuda", **kwargs) as ld:
+        if len(ld) == 0:
+            raise SystemExit(f"no full batch of 256 in {root}: pass --files 256 or more")
         # Over as many epochs as it takes: --files 1024 makes only 4 batches an epoch,
         # and one pass timed nothing (0 samples/s, then a division by zero).
         n, k, t0 = 0, 0, 0.0

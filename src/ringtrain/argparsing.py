@@ -58,7 +58,10 @@ class OneLineParser(argparse.ArgumentParser):
                 return argv
             if not token.startswith("-") or token == "-" or _NUMBER.match(token):
                 return [*argv[:i], "--", *argv[i:]]  # the command starts here
-            found = self._parse_optional(token)
+            try:
+                found = self._parse_optional(token)
+            except argparse.ArgumentError as err:  # 3.13.0: an ambiguous flag raises here,
+                self.error(str(err))  # outside parse_known_args, which turns it into error()
             if isinstance(found, list):  # Python 3.12+: every match
                 found = found[0] if len(found) == 1 else None
             # (action, flag, explicit value); 3.12+ puts the separator before the value
