@@ -73,6 +73,22 @@ _eager = torch._disable_dynamo
 _CLASSES: dict[type, type] = {}
 
 
+def _forwarded(name: str) -> property:
+    """An attribute of the wrapped optimizer, read, set and deleted through the wrapper
+    (reading one it lacks raises AttributeError, so ``getattr(opt, name, None)`` works)."""
+
+    def get(self: Any) -> Any:
+        return getattr(self._inner, name)
+
+    def set_(self: Any, value: Any) -> None:
+        setattr(self._inner, name, value)
+
+    def delete(self: Any) -> None:
+        delattr(self._inner, name)
+
+    return property(get, set_, delete, doc=f"The wrapped optimizer's ``{name}``.")
+
+
 def _class_for(base: type) -> type:
     """The wrapper class for optimizers of class ``base``: DistributedOptimizer first in
     the MRO (its methods win), ``base`` next (``isinstance`` checks, custom methods)."""
@@ -271,6 +287,15 @@ class DistributedOptimizer(torch.optim.Optimizer):
     @defaults.setter
     def defaults(self, value: dict[str, Any]) -> None:
         self._inner.defaults = value
+
+    # torch.amp.GradScaler.step(opt) on a fused optimizer (Adam/AdamW/SGD/Adagrad with
+    # fused=True, whose _step_supports_amp_scaling reads through to here) sets these two
+    # on ``opt`` and deletes them after the step; the fused kernel reads them from the
+    # optimizer that steps, the wrapped one. Set on the wrapper, they never reached it:
+    # the update used gradients still multiplied by the scale and stepped on an overflow
+    # (SGD's parameters 8.5e5 off after 3 steps, NaN after an inf), silently.
+    grad_scale = _forwarded("grad_scale")
+    found_inf = _forwarded("found_inf")
 
     def __getattr__(self, name: str) -> Any:
         # Attributes the wrapped optimizer's own __init__ set (custom optimizers, torch
@@ -843,6 +868,16 @@ class DistributedOptimizer(torch.optim.Optimizer):
         return self._inner.state_dict()
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Load the wrapped optimizer's state; a step in progress is dropped, as Horovod's
+        ``load_state_dict`` drops it: a rollback (``backward()``, then the saved state
+        loaded, then ``zero_grad()``) starts the next step afresh, its accumulation
+        count too. Exchanges already launched finish first, so none writes into a
+        gradient afterwards."""
+        if any(self._passes) or self._synchronized:
+            for bucket in self._fusion.buckets:
+                if bucket.handle is not None:
+                    self._fusion.wait(bucket)
+            self._reset(step_done=False)
         self._inner.load_state_dict(state_dict)
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:

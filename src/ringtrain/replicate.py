@@ -6,19 +6,61 @@ a model of hundreds of tensors costs a few collectives instead of hundreds.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 import torch
 
 from ringtrain import runtime
-from ringtrain.collectives import broadcast_, broadcast_object
+from ringtrain.collectives import Max, allgather_object, allreduce_, broadcast_, broadcast_object
+from ringtrain.errors import MismatchError
 
 __all__ = ["broadcast_optimizer_state", "broadcast_parameters", "broadcast_tensors_"]
 
 
+def _layout(tensors: list[torch.Tensor]) -> list[tuple[str, tuple[int, ...]]]:
+    return [(str(t.dtype).replace("torch.", ""), tuple(t.shape)) for t in tensors]
+
+
+def _check_layout(tensors: list[torch.Tensor], root_rank: int, name: str) -> None:
+    """Every rank passes tensors of the same shapes and dtypes, in the same order, or
+    every rank raises the same MismatchError before any tensor is overwritten.
+
+    The fused buffers only compare their total lengths: a (3, 2) tensor where the root
+    has (2, 3), or two tensors of one dtype in another order, took the root's values
+    reshaped or swapped, silently (Horovod, broadcasting each tensor by name, refuses
+    the first). One small allreduce of a digest of the layout."""
+    if runtime.size() == 1:
+        return
+    layout = _layout(tensors)
+    code = int.from_bytes(hashlib.sha1(repr(layout).encode(), usedforsecurity=False).digest()[:7], "big")
+    bounds = torch.tensor([code, -code], dtype=torch.int64)
+    allreduce_(bounds, op=Max, name=f"{name} (layout check)")
+    if int(bounds[0]) == -int(bounds[1]):
+        return
+    # Every rank saw the mismatch: gathering the layouts to name it is safe.
+    layouts = allgather_object(layout, name=f"{name} (layouts)")
+    root = root_rank if isinstance(root_rank, int) and 0 <= root_rank < len(layouts) else 0
+    want = layouts[root]
+    for rank, got in enumerate(layouts):
+        if got == want:
+            continue
+        if len(got) != len(want):
+            what = f"{len(got)} tensors where rank {root} (the root) passes {len(want)}"
+        else:
+            i = next(k for k, (a, b) in enumerate(zip(got, want, strict=True)) if a != b)
+            what = (f"tensor {i} as {got[i][1]} {got[i][0]} where rank {root} (the root) passes "
+                    f"{want[i][1]} {want[i][0]}")
+        raise MismatchError(f"broadcast of {name}: rank {rank} passes {what}; every rank must pass "
+                            "the same tensors (shapes, dtypes) in the same order: build the same "
+                            "model on every rank before broadcasting its state")
+
+
 def broadcast_tensors_(tensors: list[torch.Tensor], root_rank: int = 0, name: str = "tensors") -> None:
-    """Broadcast ``tensors`` in place, fused by (dtype, device)."""
+    """Broadcast ``tensors`` in place, fused by (dtype, device); the ranks' shapes and
+    dtypes are compared first (see :func:`_check_layout`)."""
+    _check_layout(tensors, root_rank, name)
     groups: dict[tuple[torch.dtype, torch.device], list[torch.Tensor]] = {}
     for t in tensors:
         groups.setdefault((t.dtype, t.device), []).append(t)
@@ -40,7 +82,10 @@ def broadcast_parameters(
     """Overwrite the given tensors with root's values: a ``state_dict()``, ``named_parameters()``
     or a list of tensors."""
     runtime.world()
-    items = params.items() if isinstance(params, Mapping) else params
+    # A mapping is taken in the order of its names, as Horovod does: a state_dict whose
+    # modules were registered in another order on some rank (built from a set, whose
+    # order changes with each process's hash seed) still pairs each tensor with its own.
+    items = sorted(params.items(), key=lambda kv: str(kv[0])) if isinstance(params, Mapping) else params
     tensors: list[torch.Tensor] = []
     for item in items:
         t = item[1] if isinstance(item, tuple) else item

@@ -13,7 +13,8 @@ with its own ``parallelize``; the test process trains the same tiny model alone:
   normalises by its own shard's statistics, as under FSDP2 and DDP);
 - ``par.state_dict(opt)`` of an optimizer that never stepped left it stepped once
   (torch's get_state_dict): AdamW's first update came out as a second one.
-  ``par.save(path, opt)`` of such an optimizer is now refused.
+  ``par.save(path, opt)`` of such an optimizer saves (test_parallel_buffers_resume.py
+  resumes from it) and leaves the training as it was.
 """
 
 from __future__ import annotations
@@ -165,7 +166,7 @@ def test_asking_a_fresh_optimizer_for_its_state_does_not_step_it(
     got = scenario_results(world, "sharded")[0]
     assert got["losses"] == pytest.approx(ref["losses"], abs=1e-5)
     assert _max_difference(got["params"], ref["params"]) < 1e-5
-    assert "the optimizer has not stepped yet" in got["refused"], got["refused"]
+    assert got["refused"] == "", got["refused"]  # saved; a resumed run starts it fresh
 
 
 @pytest.mark.timeout(120)

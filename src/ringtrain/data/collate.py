@@ -7,7 +7,7 @@ list of fields, a namedtuple stays one, a mapping or list keeps its type as torc
 keeps it; strings and bytes become a list, a tuple in a sequence sample), but every
 numeric field is written by one ``stack(..., out=...)`` into a buffer that
 ``alloc(nbytes)`` returns. Where torch raises ``TypeError`` (``None``, other objects,
-ndarrays of strings or objects), the samples are passed through as a list instead. In
+ndarrays of strings or objects), so does this, with torch's words (:func:`unbatchable`). In
 a loader worker ``alloc`` hands out pieces of a reused shared-memory slot, so the
 batch is built in place: no intermediate tensors, no pickling of array data.
 
@@ -45,6 +45,7 @@ __all__ = [
     "spec_nbytes",
     "join_halves",
     "RawNumbers",
+    "unbatchable",
 ]
 
 #: ``alloc(nbytes) -> np.ndarray`` of ``nbytes`` uint8, 64-byte aligned when possible.
@@ -178,8 +179,23 @@ def default_collate(samples: Sequence[Any], alloc: Alloc = fresh_alloc,
             raise DataError(f"samples in a batch have different lengths (first has {len(elem)}); "
                             "return the same number of fields from every __getitem__") from None
         return sequence_like(elem, [default_collate(f, alloc, raw_numbers) for f in transposed])
-    # None and other objects: torch's collate raises TypeError; they are passed through.
-    return list(samples)
+    raise unbatchable(elem)
+
+
+#: torch's message (``torch.utils.data._utils.collate.default_collate_err_msg_format``),
+#: so a script or test matching it matches ours too.
+_UNBATCHABLE = ("default_collate: batch must contain tensors, numpy arrays, numbers, dicts or "
+                "lists; found {}")
+
+
+def unbatchable(elem: Any) -> TypeError:
+    """The ``TypeError`` torch's ``default_collate`` raises for ``elem`` (``None``,
+    ``complex``, another object, an ndarray of strings or objects): the same type and
+    words as under DataLoader, where a script that checks for it expects them, plus the
+    fix."""
+    found = elem.dtype if isinstance(elem, np.ndarray) else type(elem)
+    return TypeError(_UNBATCHABLE.format(found) + "; return tensors, arrays or numbers from "
+                     "the dataset, or pass a collate_fn that batches this field")
 
 
 def _stack_arrays(samples: Sequence[Any], out: np.ndarray, whole: bool, casting: str) -> None:
@@ -382,8 +398,10 @@ class StreamCollator:
                 for (put, _), x in zip(parts, v, strict=False):
                     put(i, x)
             return put_seq, lambda: sequence_like(seq_proto, [get() for _, get in parts])
+        if not isinstance(elem, (str, bytes)):
+            raise unbatchable(elem)
         items: list[Any] = [None] * n
-        if in_seq and isinstance(elem, (str, bytes)):  # as default_collate: a tuple
+        if in_seq:  # as default_collate: a tuple
             return items.__setitem__, lambda: tuple(items)
         return items.__setitem__, lambda: items
 
@@ -452,7 +470,7 @@ def _stream_shape_error(where: str, want: Any, got: Any) -> DataError:
 
 
 # A list is described element by element only when it holds arrays or containers; a
-# list of strings or other objects (the default collate's pass-through) travels whole.
+# list of strings or other objects (a field of strings, a collate_fn's output) travels whole.
 _CONTAINERS = (torch.Tensor, np.ndarray, tuple, list, Mapping, MutableSequence)
 
 
@@ -614,10 +632,7 @@ def _join(a: tuple, abuf: np.ndarray, b: tuple, bbuf: np.ndarray, arena: Arena,
         # [0, 1, 0.5, 2] is (see _numbers), not the halves' int64 and float64.
         return pack(default_collate(a[1] + b[1], arena.alloc), arena)
     if kind == "o" and b[0] == "o" and type(a[1]) in (list, tuple) and type(a[1]) is type(b[1]):
-        return ("o", a[1] + b[1])  # strings and other objects, passed through
-    if kind == "l" and b[0] == "l" and any(c[0] == "o" and isinstance(c[1], np.ndarray)
-                                           for c in a[1]):
-        return ("l", a[1] + b[1])  # a pass-through list of samples (arrays torch lacks)
+        return ("o", a[1] + b[1])  # strings and bytes, as the samples gave them
     if kind in ("m", "s"):  # compared by their hollow copies' types (and keys)
         same = kind == b[0] and type(a[1]) is type(b[1]) and a[2:-1] == b[2:-1]
     else:

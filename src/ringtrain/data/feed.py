@@ -35,8 +35,8 @@ from ringtrain.data.prefetch import DeviceStager
 from ringtrain.data.protocol import Done, Failed, Oversize
 from ringtrain.data.shm import Slot, SlotPool
 from ringtrain.data.window import DispatchWindow
-from ringtrain.data.workers import WorkerPool, halves, split_point
-from ringtrain.errors import DataError, WorkerError
+from ringtrain.data.workers import WorkerPool, halves, split_point, worker_error
+from ringtrain.errors import DataError
 
 __all__ = ["WorkerFeed"]
 
@@ -479,7 +479,7 @@ class WorkerFeed:
                    ) -> tuple[Any, bool, Callable[[], None] | None]:
         """A worker's answer as a host batch: (batch, page-locked?, release callback)."""
         if type(msg) is Failed:
-            raise WorkerError(msg.message)
+            raise worker_error(msg.message, msg.error)
         if type(msg) is Oversize:
             assert msg.payload is not None
             return unpack(msg.spec, np.frombuffer(msg.payload, dtype=np.uint8)), False, None

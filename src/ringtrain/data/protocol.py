@@ -9,8 +9,8 @@ of its own type, so code reads fields by name and dispatches on the type::
       Plan(plan_id, plan)      once per plan     Done(seq, slot_id, spec)
       MapSlot(slot_id, size)   + a descriptor    Oversize(seq, slot_id, spec, nbytes)
       UnmapSlot(slot_id)                           + a descriptor (the batch)
-      Task(seq, plan_id, batch, slot_id, part)   Failed(seq, slot_id, message)
-      Stop()                                     InitFailed(message)
+      Task(seq, plan_id, batch, slot_id, part)   Failed(seq, slot_id, message, error)
+      Stop()                                     InitFailed(message, error)
 
 ``seq`` numbers tasks across plans (see :mod:`ringtrain.data.window`); ``slot_id`` is
 ``-1`` when a task has no shared-memory slot yet (the first batches size the slots).
@@ -95,17 +95,22 @@ class Oversize(NamedTuple):
 
 
 class Failed(NamedTuple):
-    """Task ``seq`` raised; ``message`` names the sample and carries the traceback."""
+    """Task ``seq`` raised; ``message`` names the sample and carries the traceback;
+    ``error`` is the class of what the dataset or collate raised (None when it cannot
+    travel: see ``workers.error_class``), raised again as its type in the training
+    process."""
 
     seq: int
     slot_id: int
     message: str
+    error: Any = None
 
 
 class InitFailed(NamedTuple):
-    """``worker_init_fn`` raised; the worker has exited."""
+    """``worker_init_fn`` raised (``error``: as in :class:`Failed`); the worker has exited."""
 
     message: str
+    error: Any = None
 
 
 ToWorker = Task | Plan | MapSlot | UnmapSlot | Stop

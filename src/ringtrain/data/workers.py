@@ -21,6 +21,7 @@ import logging
 import mmap
 import multiprocessing as mp
 import os
+import pickle
 import random
 import select
 import signal
@@ -67,7 +68,7 @@ from ringtrain.errors import DataError, WorkerDiedError, WorkerError
 from ringtrain.processes import SpawnedProcess, stop_sequence
 
 __all__ = ["WorkerInfo", "get_worker_info", "WorkerPool", "fetch", "load_batch", "prefetch_next",
-           "SampleError", "halves", "split_point"]
+           "SampleError", "halves", "split_point", "error_class", "worker_error"]
 
 log = logging.getLogger("ringtrain.data")
 
@@ -216,6 +217,57 @@ def _set_torch_worker_info(info: WorkerInfo) -> None:
         log.debug("cannot set torch's worker info", exc_info=True)
 
 
+# ---- errors from a worker ----------------------------------------------------------
+def error_class(err: BaseException) -> type | None:
+    """The class of ``err`` as it travels to the training process: None where the
+    parent could not look it up by name (a class local to a function), or where raising
+    it there would mislead (``StopIteration`` ends the loop's ``for`` without a word:
+    the rest of the epoch silently lost)."""
+    cls = type(err)
+    if not issubclass(cls, Exception) or issubclass(cls, (StopIteration, StopAsyncIteration)):
+        return None
+    try:
+        pickle.dumps(cls)
+    except Exception:
+        return None
+    return cls
+
+
+_MIXED: dict[type, type] = {}
+
+
+def worker_error(message: str, error: type | None) -> WorkerError:
+    """The error the training process raises for a worker's failure: a
+    :class:`WorkerError` that is also an instance of ``error``, the class the dataset
+    raised there, as DataLoader raises the worker's exception type again: an
+    ``except FileNotFoundError:`` or ``pytest.raises(KeyError)`` written for DataLoader
+    (or for ``num_workers=0``, where the dataset's own exception comes through) catches
+    it with workers too. A plain WorkerError where no such class can be made (an
+    exception whose constructor needs more than a message)."""
+    if error is None or issubclass(WorkerError, error):
+        return WorkerError(message)
+    mixed = _MIXED.get(error)
+    if mixed is None:
+        try:
+            # KeyError's __str__ quotes its message; the traceback must read as it does.
+            mixed = type("WorkerError", (WorkerError, error),
+                         {"__str__": BaseException.__str__, "__module__": WorkerError.__module__,
+                          "__reduce__": _reduce_mixed})
+            mixed(message)
+        except Exception:
+            mixed = WorkerError
+        _MIXED[error] = mixed
+    err = mixed(message)
+    err.cause_type = error  # type: ignore[attr-defined]
+    return err
+
+
+def _reduce_mixed(self: WorkerError) -> tuple[Any, tuple[str, type]]:
+    # The made class has no importable name: pickle (a rank's error sent to its
+    # launcher, a multiprocessing pool) rebuilds it from the message and the cause's class.
+    return worker_error, (str(self), self.cause_type)  # type: ignore[attr-defined]
+
+
 def _worker_main(wid: int, num_workers: int, conn: Connection, dataset: Any,
                  collate_fn: Callable[[list[Any]], Any] | None, seed: int,
                  seed_batches: bool, worker_init_fn: Callable[[int], None] | None,
@@ -249,9 +301,9 @@ def _worker_main(wid: int, num_workers: int, conn: Connection, dataset: Any,
     if worker_init_fn is not None:
         try:
             worker_init_fn(wid)
-        except Exception:
+        except Exception as err:
             conn.send(encode(InitFailed(f"{_who()}: worker_init_fn raised:\n"
-                                        + traceback.format_exc().rstrip())))
+                                        + traceback.format_exc().rstrip(), error_class(err))))
             return
     readable = select.poll()  # Connection.poll would build a selector per message
     readable.register(conn.fileno(), select.POLLIN)
@@ -332,12 +384,13 @@ def _run_task(conn: Connection, task: Task, indexer: BatchIndexer | ShardIndexer
         conn.send(encode(Failed(seq, slot_id, f"{_who()} raised {type(cause).__name__} at "
                                 f"{where} (batch {plan.first_batch + batch} of epoch "
                                 f"{plan.epoch}):\n"
-                                + "".join(traceback.format_exception(cause)).rstrip())))
+                                + "".join(traceback.format_exception(cause)).rstrip(),
+                                error_class(cause))))
     except Exception as err:
         conn.send(encode(Failed(seq, slot_id, f"{_who()} raised {type(err).__name__} while "
                                 f"collating sample indices {_short(indexer(batch).tolist())} "
                                 f"(batch {plan.first_batch + batch} of epoch {plan.epoch}):\n"
-                                + traceback.format_exc().rstrip())))
+                                + traceback.format_exc().rstrip(), error_class(err))))
 
 
 def _send_in_own_file(conn: Connection, seq: int, slot_id: int, out: Any) -> None:
@@ -587,7 +640,7 @@ class WorkerPool:
             while w.readable.poll(0):
                 msg = cast("Done | Oversize | Failed | InitFailed", decode(w.conn.recv()))
                 if type(msg) is InitFailed:
-                    raise WorkerError(msg.message)
+                    raise worker_error(msg.message, msg.error)
                 if type(msg) is Oversize:
                     msg = msg._replace(payload=_map_own_file(recv_handle(w.conn)))
                 msg = cast("Done | Oversize | Failed", msg)

@@ -38,7 +38,7 @@ from ringtrain.horovod.basics import engine, global_process_set
 from ringtrain.horovod.compression import Compression, Compressor
 from ringtrain.horovod.handles import Adasum, Average, Sum, op_name, set_id
 from ringtrain.optimizer import DistributedOptimizer as _Core
-from ringtrain.optimizer import _eager
+from ringtrain.optimizer import _eager, _forwarded
 
 __all__ = ["DistributedOptimizer", "Negotiated"]
 
@@ -268,6 +268,10 @@ class _AdasumOptimizer:
     state = property(lambda self: self._inner.state, lambda self, v: setattr(self._inner, "state", v))
     defaults = property(lambda self: self._inner.defaults,
                         lambda self, v: setattr(self._inner, "defaults", v))
+    # What GradScaler.step sets for a fused optimizer's kernel, which reads it from the
+    # optimizer that steps (see ringtrain.optimizer.DistributedOptimizer.grad_scale).
+    grad_scale = _forwarded("grad_scale")
+    found_inf = _forwarded("found_inf")
 
     def __getattr__(self, name: str) -> Any:
         inner = self.__dict__.get("_inner")

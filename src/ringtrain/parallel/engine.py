@@ -21,6 +21,7 @@ import sys
 import time
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -82,6 +83,8 @@ class Parallel:
         #: The model's own forward on meta tensors, until a step has checked that it runs
         #: the units as the stages do (see :mod:`ringtrain.parallel.order`).
         self.order_probe: OrderProbe | None = None
+        #: This rank's batch norms, until one has been said to train on split batches.
+        self._batch_norms: list[tuple[str, nn.Module, str]] = []
 
     # -- facts --------------------------------------------------------------------------
 
@@ -129,6 +132,8 @@ class Parallel:
         ``inputs`` and ``targets``; other stages pass nothing. Returns the loss of the
         global batch (mean over data ranks) on every rank.
         """
+        if self._batch_norms:
+            self._warn_training_batch_norm()
         if self.layout.tensor > 1 and not self._batches_checked:
             # Once: a loader sharded by the wrong rank shows at the first batch, and the
             # check reads sums back to the host (a device sync on GPUs).
@@ -147,6 +152,14 @@ class Parallel:
         if optimizer is not None:
             self.update(optimizer)
         return value
+
+    def _warn_training_batch_norm(self) -> None:
+        """The batch norm warning of :func:`parallelize`, once, for a batch norm that was
+        in eval() mode then and trains now."""
+        message = _batch_norm_warning(self._batch_norms, _batch_splits(self.layout))
+        if message is not None:
+            self._batch_norms = []
+            warnings.warn(message, stacklevel=3)
 
     def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> float:
         """Scale the gradients so that the whole model's gradient norm is at most ``max_norm``.
@@ -411,13 +424,12 @@ class Parallel:
 
         state, made_up = self._state(optimizer)
         if made_up:
-            # Its state would be the one get_state_dict makes up (see _state): a run
-            # resumed from it would not continue as the fresh optimizer does.
-            raise ConfigError(
-                f"par.save({path!r}, optimizer): the optimizer has not stepped yet, so it "
-                "has no state to save; save the model alone (par.save(path)) and load it "
-                "with par.load(path), the optimizer starting fresh as it did here, or save "
-                "after the first update")
+            # The optimizer never stepped: its entries are the state get_state_dict made
+            # up (see _state), which a resumed run must not use (it counts a step; ASGD's
+            # eta and Rprop's step sizes are made at lr 0). They are saved, so that
+            # the checkpoint has every entry a load at any layout asks for, with this
+            # mark, which tells load() to hand the optimizer its empty state back.
+            state[_UNSTEPPED] = True
         if extra:
             state.update(extra)
         return checkpoint.save_sharded(path, state)
@@ -440,12 +452,36 @@ class Parallel:
             # traceback per rank. The cause is a user's mismatch, so say it in one line.
             raise CheckpointError(_load_problem(path, exc, optimizer is not None)) from None
         self.load_state_dict(state, optimizer)
+        if optimizer is not None and _saved_unstepped(path):
+            optimizer.state.clear()  # saved before its first update: fresh, as it was then
         return state
 
     def __repr__(self) -> str:
         c = self.coords
         return (f"Parallel({self.layout.describe()}; rank {self.rank} = stage {c.stage}, "
                 f"data {c.data}, tensor {c.tensor})")
+
+
+#: Top-level checkpoint entry of an optimizer saved before its first update (see save()).
+_UNSTEPPED = "optimizer_unstepped"
+
+
+def _saved_unstepped(path: str) -> bool:
+    """Whether the checkpoint at ``path`` holds an optimizer saved before it stepped.
+
+    Read from DCP's metadata (its list of entries), so that checkpoints without the
+    entry load as before; every rank reads the same directory, so all agree.
+    """
+    import torch.distributed.checkpoint as dcp
+
+    from ringtrain import checkpoint
+
+    try:
+        directory = checkpoint._resolve_sharded(Path(path))
+        entries = dcp.FileSystemReader(str(directory)).read_metadata().state_dict_metadata
+    except Exception:  # noqa: BLE001 - the load itself read it: only a race lands here
+        return False
+    return _UNSTEPPED in entries
 
 
 def _load_problem(path: str, exc: BaseException, with_optimizer: bool) -> str:
@@ -462,8 +498,9 @@ def _load_problem(path: str, exc: BaseException, with_optimizer: bool) -> str:
 
 
 def _check(model: nn.Module, layout: Layout, split: str | Sequence[str],
-           tensor_plan: Mapping[str, str] | None) -> tuple[dict[str, str], Any]:
-    """Everything that can be wrong with this model under this layout (pure)."""
+           tensor_plan: Mapping[str, str] | None) -> tuple[dict[str, str], Any, bool]:
+    """Everything that can be wrong with this model under this layout (pure), the
+    pipeline's unit groups, and whether a training batch norm was warned about."""
     _check_not_compiled_wrapper(model, layout, tensor_plan)
     resolved: dict[str, str] = {}
     if layout.tensor > 1:
@@ -479,9 +516,9 @@ def _check(model: nn.Module, layout: Layout, split: str | Sequence[str],
         # does); with tensor=1 it splits nothing, but a wrong one (a pattern matching no
         # module, a layer that is not linear) must not wait for tensor > 1 to show.
         check_plan(model, resolve_plan(model, tensor_plan), 1)
-    _check_batch_norm(model, layout)
+    said = _check_batch_norm(model, layout)
     groups = split_units(model, layout.pipeline, split) if layout.pipeline > 1 else None
-    return resolved, groups
+    return resolved, groups, said
 
 
 def _check_not_compiled_wrapper(model: nn.Module, layout: Layout,
@@ -506,8 +543,24 @@ def _check_not_compiled_wrapper(model: nn.Module, layout: Layout,
             "torchtitan does) or this rank's part after it (par.module.compile())")
 
 
-def _check_batch_norm(model: nn.Module, layout: Layout) -> None:
-    """A warning for a training-mode batch norm when the layout splits the batch.
+def _batch_splits(layout: Layout) -> str:
+    """How ``layout`` splits the batch a BatchNorm sees (``""``: it does not)."""
+    parts = [f"data {layout.data}"] if (layout.data or 1) > 1 else []
+    if layout.pipeline > 1 and layout.m > 1:
+        parts.append(f"{layout.m} micro-batches")
+    return " and ".join(parts)
+
+
+def _batch_norms(model: nn.Module) -> list[tuple[str, nn.Module, str]]:
+    """Each batch norm's name, module and class name (taken before FSDP2, which renames
+    the class of a module it shards: BatchNorm1d becomes FSDPBatchNorm1d)."""
+    return [(name, module, type(module).__name__) for name, module in model.named_modules()
+            if isinstance(module, nn.modules.batchnorm._BatchNorm)]
+
+
+def _batch_norm_warning(norms: Sequence[tuple[str, nn.Module, str]], splits: str) -> str | None:
+    """What to say about the first training-mode batch norm when the layout splits the
+    batch (``splits``), or None.
 
     Batch norm normalises by the statistics of the batch it sees: each data rank's
     shard and each pipeline micro-batch, not the global batch, as under FSDP2 and DDP
@@ -516,21 +569,26 @@ def _check_batch_norm(model: nn.Module, layout: Layout) -> None:
     reconcile buffers; DDP broadcasts rank 0's). Said once, not refused: it is how
     these models train data-parallel.
     """
-    parts = [f"data {layout.data}"] if (layout.data or 1) > 1 else []
-    if layout.pipeline > 1 and layout.m > 1:
-        parts.append(f"{layout.m} micro-batches")
-    if not parts:
-        return
-    for name, module in model.named_modules():
-        if isinstance(module, nn.modules.batchnorm._BatchNorm) and module.training:
-            warnings.warn(
-                f"{name or 'the model'} is a {type(module).__name__} in training mode and this "
-                f"layout ({' and '.join(parts)}) normalises each rank's shard or micro-batch "
+    if not splits:
+        return None
+    for name, module, kind in norms:
+        if module.training:
+            return (
+                f"{name or 'the model'} is a {kind} in training mode and this "
+                f"layout ({splits}) normalises each rank's shard or micro-batch "
                 "by its own statistics, as FSDP2 and DDP do: the running statistics differ "
                 "between data replicas (each checkpoint keeps one replica's); use LayerNorm or "
-                "GroupNorm, or torch.nn.SyncBatchNorm (on GPUs) for the global batch's statistics",
-                stacklevel=3)
-            return
+                "GroupNorm, or torch.nn.SyncBatchNorm (on GPUs) for the global batch's statistics")
+    return None
+
+
+def _check_batch_norm(model: nn.Module, layout: Layout) -> bool:
+    """Warn about a training-mode batch norm under a layout that splits the batch;
+    whether it was said (see :func:`_batch_norm_warning`)."""
+    message = _batch_norm_warning(_batch_norms(model), _batch_splits(layout))
+    if message is not None:
+        warnings.warn(message, stacklevel=3)
+    return message is not None
 
 
 def _check_unpipelined(layout: Layout, split: str | Sequence[str] | None,
@@ -697,8 +755,8 @@ def parallelize(model: nn.Module, loss_fn: LossFn, *, pipeline: int = 1, tensor:
         layout = Layout(pipeline, tensor, data, shard is not False, microbatches,
                         "1f1b" if schedule is None else schedule).resolve(world)
         _check_unpipelined(layout, split, layout.schedule if schedule is not None else None)
-        resolved, groups = _check(model, layout, "params" if split is None else split,
-                                  tensor_plan)
+        resolved, groups, norm_said = _check(model, layout,
+                                             "params" if split is None else split, tensor_plan)
     except ConfigError as exc:
         problem = str(exc)
     _agree(problem, rank, world, _fingerprint(model) if world > 1 else (), dev)
@@ -724,6 +782,7 @@ def parallelize(model: nn.Module, loss_fn: LossFn, *, pipeline: int = 1, tensor:
         module = model
         units = [m for _, m in pipeline_units(model)]
     module.to(dev)
+    norms = _batch_norms(module) if not norm_said and _batch_splits(layout) else []
     local_names = {name for name, _ in module.named_modules()}
     local_plan = {n: style for n, style in resolved.items() if n in local_names}
     if local_plan:  # (a stage may hold no planned layer, e.g. only the embedding)
@@ -742,5 +801,8 @@ def parallelize(model: nn.Module, loss_fn: LossFn, *, pipeline: int = 1, tensor:
                         loss_fn, dev, mesh.pipeline_group())
     par = Parallel(layout, coords, module, mesh, loss_fn, pipe, dev, rank)
     par.order_probe = probe
+    # A batch norm in eval() mode now and switched to train() later (a script that
+    # evaluates first, or builds the model in eval mode) is said at that step.
+    par._batch_norms = norms
     log.info("%r", par)
     return par

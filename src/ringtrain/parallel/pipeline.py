@@ -71,6 +71,8 @@ def _timed_stage_class() -> type:
         """A PipelineStage that records when it computes (everything else is waiting)."""
 
         times: StageTimes
+        #: This stage's buffers before torch's metadata inference ran the forward.
+        _saved_buffers: list[tuple[torch.Tensor, torch.Tensor]] | None = None
 
         def forward_one_chunk(self, *args: Any, **kwargs: Any) -> Any:
             t0 = time.perf_counter()
@@ -85,6 +87,27 @@ def _timed_stage_class() -> type:
                 return super().backward_one_chunk(*args, **kwargs)
             finally:
                 self.times._busy.append((t0, time.perf_counter()))
+
+        def _forward_metadata_inference(self, *args: Any, **kwargs: Any) -> Any:
+            # torch's schedule finds the activation shapes at the first step by running
+            # the stage's forward and backward once more, in training mode, on the first
+            # micro-batch (first stage) or on torch.empty() buffers (the others): a
+            # BatchNorm there took the uninitialised memory into its running statistics
+            # (NaN or 1e34 after one step, so eval() gave NaN) and every buffer counted
+            # one batch more than was trained. The schedule forks the RNG around it; the
+            # buffers are put back once it is over (the backward still needs them).
+            if self._saved_buffers is None:
+                self._saved_buffers = [(b, b.detach().clone()) for b in self.submod.buffers()]
+            return super()._forward_metadata_inference(*args, **kwargs)
+
+        def _post_metadata_inference_cleanup(self, *args: Any, **kwargs: Any) -> Any:
+            try:
+                return super()._post_metadata_inference_cleanup(*args, **kwargs)
+            finally:
+                saved, self._saved_buffers = self._saved_buffers, None
+                with torch.no_grad():
+                    for buffer, value in saved or ():
+                        buffer.copy_(value)
 
         def perform_reduce_grad(self, *args: Any, **kwargs: Any) -> Any:
             t0 = time.perf_counter()

@@ -60,12 +60,14 @@ def test_dict_with_strings_and_numbers() -> None:
     assert batch["ok"].dtype == torch.bool and batch["ok"].tolist() == [True, False, True]
 
 
-def test_namedtuple_list_and_none_fields() -> None:
-    batch = default_collate([Pair(np.int32(i), [i, None]) for i in range(3)])
+def test_namedtuple_list_fields_and_none_refused() -> None:
+    batch = default_collate([Pair(np.int32(i), [i, f"s{i}"]) for i in range(3)])
     assert isinstance(batch, Pair)
     assert batch.x.dtype == torch.int32
     assert isinstance(batch.y, list) and batch.y[0].tolist() == [0, 1, 2]
-    assert batch.y[1] == [None, None, None]
+    assert batch.y[1] == ("s0", "s1", "s2")
+    with pytest.raises(TypeError, match="found <class 'NoneType'>"):  # as torch's collate
+        default_collate([Pair(np.int32(i), [i, None]) for i in range(3)])
 
 
 def test_different_shapes_are_a_clear_error() -> None:
@@ -193,11 +195,11 @@ def _same(a: Any, b: Any) -> None:
     lambda i: (np.full((2, 3), i, np.uint8), i),
     lambda i: {"img": torch.full((3,), float(i)), "name": f"n{i}", "w": 0.5 * i, "ok": i % 2 == 0},
     lambda i: Pair(torch.tensor([i, i]), [np.float32(i), f"s{i}"]),
-    lambda i: [np.array([f"u{i}"]), i],  # a numpy dtype torch lacks: passed through per sample
-    lambda i: (None, np.int16(i)),
+    lambda i: [f"u{i}".encode(), i],
+    lambda i: (f"s{i}", np.int16(i)),
     lambda i: (i % 3 == 0, 0.5 * i if i > 2 else i),  # ints, then floats: float32 as torch
     lambda i: 0.5 if i == 0 else i,  # a float, then ints: float64
-], ids=["tuple", "dict", "namedtuple-list", "passthrough-arrays", "none", "int-then-float",
+], ids=["tuple", "dict", "namedtuple-list", "bytes", "str", "int-then-float",
         "float-then-int"])
 @pytest.mark.parametrize("n,cut", [(7, 3), (8, 4), (2, 1)])
 @pytest.mark.parametrize("stream", [False, True], ids=["list", "streamed"])
