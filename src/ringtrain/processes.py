@@ -22,6 +22,7 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
+import select
 import signal
 import subprocess
 import threading
@@ -57,10 +58,13 @@ def pieces(stream: IO[bytes]) -> Iterator[tuple[bytes, bool]]:
     A piece ends at a newline, or at a carriage return not followed by one: a progress
     bar (tqdm) redraws its line after ``\r`` and writes no newline until it is done, so
     waiting for the newline showed none of it until then (Horovod's launcher also passes
-    each ``\r`` on at once)."""
+    each ``\r`` on at once). A ``\r`` that is the last byte read waits up to
+    :data:`CR_WAIT_S` for the next byte: a ``\n`` there makes the two one newline (a
+    ``\r\n`` cut between two reads is not a redrawn line plus an empty one)."""
     # A bytearray cut from the front (del): slicing each piece off a bytes object copied
     # all that followed it, so a read of 64 KiB of short lines copied ~64 KiB per line.
     buf = bytearray()
+    fd = _fileno(stream)
     while True:
         end = _piece_end(buf)
         if 0 < end <= PIECE_BYTES:
@@ -71,22 +75,66 @@ def pieces(stream: IO[bytes]) -> Iterator[tuple[bytes, bool]]:
             piece = bytes(buf[:PIECE_BYTES])
             del buf[:PIECE_BYTES]
             yield piece, True  # a long line goes on
+        elif buf.endswith(b"\r") and not _readable_soon(fd):
+            # A carriage return that ended a read, and no byte after it within
+            # CR_WAIT_S: a progress bar's state, shown now rather than at its next update.
+            piece = bytes(buf)
+            buf.clear()
+            yield piece, True
         else:
             more = stream.read1(PIECE_BYTES)  # type: ignore[attr-defined]  # what the pipe has now
             if not more:
                 if buf:
-                    yield bytes(buf), False
+                    yield bytes(buf), buf.endswith(b"\r")
                 return
             buf += more
 
 
+#: Seconds a carriage return that ended a read waits for the next byte, which tells a
+#: ``\r\n`` cut between two reads (one newline) from a progress bar's lone ``\r`` (shown
+#: at once). The two halves of a ``\r\n`` come microseconds apart; 0.1 s is below what a
+#: person watching a progress bar notices.
+CR_WAIT_S = 0.1
+
+
+def _fileno(stream: IO[bytes]) -> int | None:
+    """The descriptor under ``stream`` to wait on, or None (an in-memory stream, a fake:
+    those are read at once, their bytes are all there)."""
+    try:
+        return stream.fileno()
+    except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation is both
+        return None
+
+
+def _readable_soon(fd: int | None) -> bool:
+    """Whether more bytes (or the end) arrive on ``fd`` within :data:`CR_WAIT_S`.
+
+    Waiting on the descriptor is right because :func:`pieces` only ever calls
+    ``read1(PIECE_BYTES)``, and a BufferedReader whose buffer is empty reads a request
+    larger than its buffer straight from the descriptor: nothing is ever left in its
+    buffer that ``poll`` could not see. ``poll``, not ``select``: a host agent with many
+    ranks may hold descriptors above select's 1024."""
+    if fd is None:
+        return True
+    poller = select.poll()
+    try:
+        poller.register(fd, select.POLLIN)
+        return bool(poller.poll(CR_WAIT_S * 1000))
+    except (OSError, ValueError):  # closed under us: let read1 report it
+        return True
+
+
 def _piece_end(buf: bytes | bytearray) -> int:
     """Where the first piece of ``buf`` ends (after its newline or lone carriage return),
-    0 when none has ended yet."""
+    0 when none has ended yet. A carriage return that is the last byte of ``buf`` ends
+    nothing yet: its ``\n`` may be in the next read (:func:`pieces` decides)."""
     newline = buf.find(b"\n")
-    cr = buf.find(b"\r", 0, newline if newline >= 0 else len(buf))
-    while cr >= 0 and cr + 1 < len(buf) and buf[cr + 1:cr + 2] == b"\n":
-        cr = buf.find(b"\r", cr + 1, newline if newline >= 0 else len(buf))  # \r\n: a newline
+    stop = newline if newline >= 0 else len(buf)
+    cr = buf.find(b"\r", 0, stop)
+    while cr >= 0 and (cr + 1 == len(buf) or buf[cr + 1:cr + 2] == b"\n"):
+        if cr + 1 == len(buf):
+            return 0  # the last byte: pending
+        cr = buf.find(b"\r", cr + 1, stop)  # \r\n: a newline
     if cr >= 0:
         return cr + 1
     return newline + 1 if newline >= 0 else 0
@@ -160,9 +208,11 @@ class Child:
     module docstring). Raises OSError when the command cannot be started."""
 
     def __init__(self, argv: Sequence[str], env: dict[str, str], cwd: str | None = None,
-                 pass_fds: Sequence[int] = ()) -> None:
+                 pass_fds: Sequence[int] = (), inherit_stdin: bool = False) -> None:
         self.proc = subprocess.Popen(
-            list(argv), env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+            # stdin: our own with ``inherit_stdin`` (a launcher's rank 0), else nothing to read
+            list(argv), env=env, cwd=cwd, stdin=None if inherit_stdin else subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT, start_new_session=True, pass_fds=tuple(pass_fds),
             preexec_fn=die_with_parent,
         )

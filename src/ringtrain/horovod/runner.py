@@ -8,8 +8,8 @@ is larger than an environment variable may be, in a file in the working director
 which remote hosts then need to see (ringrun already asks for the same working
 directory on every host). Each process prints its pickled return value on its stdout,
 between markers of a per-job random token; ``run`` takes those lines out of the output
-it passes on, so the values come back from remote hosts over ringrun's own output
-stream, with no other connection.
+it passes on (and ringrun out of ``output_filename``'s files), so the values come back
+from remote hosts over ringrun's own output stream, with no other connection.
 """
 
 from __future__ import annotations
@@ -27,11 +27,13 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from ringtrain.launch.output import RESULT_MARKER_ENV
+
 __all__ = ["run"]
 
-#: Where the task finds the function: inline (base64) or a file path.
-FUNC_ENV, FUNC_FILE_ENV, TOKEN_ENV = ("RINGTRAIN_RUN_FUNC", "RINGTRAIN_RUN_FUNC_FILE",
-                                      "RINGTRAIN_RUN_TOKEN")
+#: Where the task finds the function: inline (base64) or a file path; the job's marker
+#: (ringrun keeps its lines out of the --output-filename files).
+FUNC_ENV, FUNC_FILE_ENV, TOKEN_ENV = "RINGTRAIN_RUN_FUNC", "RINGTRAIN_RUN_FUNC_FILE", RESULT_MARKER_ENV
 # Linux refuses to start a process one of whose environment strings exceeds 128 KiB
 # (MAX_ARG_STRLEN); larger functions go through a file.
 _INLINE_LIMIT = 96 << 10
@@ -137,48 +139,69 @@ def run(func: Callable[..., Any], args: Sequence[Any] = (), kwargs: dict[str, An
 
 
 def _drive(cmd: list[str], env: dict[str, str], token: str) -> tuple[int, dict[int, Any], str]:
-    """Start horovodrun, pass its output on without the result lines, and collect them."""
+    """Start horovodrun, pass its output on without the result lines, and collect them.
+
+    A Ctrl-C (KeyboardInterrupt here) is passed on to horovodrun, which stops the ranks
+    as on Ctrl-C (a second press: at once; a third kills horovodrun, whose watchdog ends
+    the ranks); its output is still passed on until it ends (ringrun's message, the
+    ranks' last lines), then the KeyboardInterrupt is raised again."""
     marker = token.encode()
     parts: dict[int, dict[int, bytes]] = {}
     counts: dict[int, int] = {}
-    last = ""
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    try:
-        err_lines: list[str] = []
+    err_lines: list[str] = []
+    # A process group of its own: a terminal's Ctrl-C reaches the whole foreground group,
+    # so horovodrun got it from the terminal and again from us below, and a second SIGINT
+    # is ringrun's "kill at once" (no grace for the ranks' KeyboardInterrupt handlers),
+    # whichever arrived first. This way each Ctrl-C reaches it once, from us.
+    # (Popen's process_group is Python 3.11's; preexec_fn, unsafe with threads, on 3.10)
+    group: dict[str, Any] = ({"process_group": 0} if sys.version_info >= (3, 11)
+                             else {"preexec_fn": os.setpgrp})
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, **group)
 
-        def pass_stderr() -> None:
-            assert proc.stderr is not None
-            for raw in proc.stderr:
-                text = raw.decode(errors="replace")
-                if text.strip():
-                    err_lines.append(text.strip())
-                sys.stderr.write(text)
-                sys.stderr.flush()
+    def pass_stderr() -> None:
+        assert proc.stderr is not None
+        for raw in proc.stderr:
+            text = raw.decode(errors="replace")
+            if text.strip():
+                err_lines.append(text.strip())
+            sys.stderr.write(text)
+            sys.stderr.flush()
 
-        errs = threading.Thread(target=pass_stderr, daemon=True)
-        errs.start()
-        assert proc.stdout is not None
-        for raw in proc.stdout:
-            at = raw.find(marker)
-            if at < 0:
-                sys.stdout.write(raw.decode(errors="replace"))
-            else:
-                head = raw[:at]  # the rank's prefix, and a print the function did not end
-                if head and not _PREFIX.fullmatch(head):
-                    sys.stdout.write(head.decode(errors="replace") + "\n")
-                _take(raw[at + len(marker):], parts, counts)
-            sys.stdout.flush()
-        code = proc.wait()
-        errs.join(5)
-        last = err_lines[-1] if err_lines else ""
-    except KeyboardInterrupt:
-        proc.send_signal(signal.SIGINT)  # horovodrun stops the ranks, as on Ctrl-C
+    errs = threading.Thread(target=pass_stderr, daemon=True)
+    errs.start()
+    presses = 0
+    while True:
         try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        raise
-    return code, _values(parts, counts), last
+            _pass_stdout(proc, marker, parts, counts)  # until horovodrun's stdout ends
+            code = proc.wait()
+            break
+        except KeyboardInterrupt:
+            presses += 1
+            if presses < 3:
+                proc.send_signal(signal.SIGINT)
+            else:
+                proc.kill()
+    errs.join(5)
+    if presses:
+        raise KeyboardInterrupt
+    return code, _values(parts, counts), err_lines[-1] if err_lines else ""
+
+
+def _pass_stdout(proc: subprocess.Popen[bytes], marker: bytes, parts: dict[int, dict[int, bytes]],
+                 counts: dict[int, int]) -> None:
+    """horovodrun's stdout on ours, but the result lines, which go to ``parts``; returns
+    at its end (a KeyboardInterrupt leaves the rest unread, for the next call)."""
+    assert proc.stdout is not None
+    for raw in proc.stdout:
+        at = raw.find(marker)
+        if at < 0:
+            sys.stdout.write(raw.decode(errors="replace"))
+        else:
+            head = raw[:at]  # the rank's prefix, and a print the function did not end
+            if head and not _PREFIX.fullmatch(head):
+                sys.stdout.write(head.decode(errors="replace") + "\n")
+            _take(raw[at + len(marker):], parts, counts)
+        sys.stdout.flush()
 
 
 def _take(line: bytes, parts: dict[int, dict[int, bytes]], counts: dict[int, int]) -> None:

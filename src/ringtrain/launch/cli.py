@@ -28,7 +28,7 @@ from ringtrain.launch import slurm
 from ringtrain.launch.elastic.worlds import ElasticConfig
 from ringtrain.launch.hosts import Host, is_local_host, parse_hostfile, parse_hosts, place_ranks
 from ringtrain.launch.job import STOP_GRACE_S, JobConfig
-from ringtrain.launch.output import check_output_dir
+from ringtrain.launch.output import RESULT_MARKER_ENV, check_output_dir
 from ringtrain.launch.slots import local_slots
 from ringtrain.launch.ssh import SshOptions, parse_ssh_option
 from ringtrain.launch.start import run_job
@@ -390,6 +390,7 @@ def build_config(argv: list[str]) -> JobConfig:
         transport=transport,
         slurm_cpus=where.slurm_cpus,
         elastic=elastic,
+        result_marker=os.environ.get(RESULT_MARKER_ENV) or None,
     )
 
 

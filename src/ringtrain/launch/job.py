@@ -98,6 +98,9 @@ class JobConfig:
     #: A resizable job (``--min-np/--max-np``, run by :mod:`ringtrain.launch.elastic`);
     #: then ``placements`` is empty and the hosts come from here.
     elastic: ElasticConfig | None = None
+    #: ``hvd.run``'s result marker: its lines stay out of the ``--output-filename``
+    #: files (:data:`ringtrain.launch.output.RESULT_MARKER_ENV`).
+    result_marker: str | None = None
 
     def is_local(self, host: str) -> bool:
         """Whether ``host``'s ranks are started here directly (no agent)."""
@@ -356,7 +359,11 @@ def _start_attempt(cfg: JobConfig, attempt: int, run_id: str, sink: OutputSink,
             if listener is not None and p.rank == 0:
                 full["RINGTRAIN_STORE_FD"] = str(listener.fileno())
                 fds = (listener.fileno(),)
-            worker = Worker(p.rank, cfg.command, full, sink, attempt, fds, cfg.cwd, p.host)
+            # Rank 0 reads ringrun's stdin (``cat data | ringrun ...``, a pdb prompt), as
+            # under mpirun; torchrun and horovodrun give it to every local rank, and
+            # whichever reads first takes it. The others read nothing (/dev/null).
+            worker = Worker(p.rank, cfg.command, full, sink, attempt, fds, cfg.cwd, p.host,
+                            inherit_stdin=p.rank == 0)
             members.append(worker)
             if watchdog is not None:
                 watchdog.watch_group(worker.pid)
@@ -472,7 +479,8 @@ def job_run(cfg: JobConfig, local: bool) -> Iterator[JobRun]:
     reaper watchdog; the handlers are restored and the watchdog closed on the way out."""
     run_id, sink = uuid.uuid4().hex[:12], OutputSink(cfg.output_dir, cfg.prefix_output,
                                                       timestamp=cfg.timestamp_output,
-                                                      tee=cfg.tee_output)
+                                                      tee=cfg.tee_output,
+                                                      hide=(cfg.result_marker or "").encode())
     stop_flag: list[int] = []
 
     def on_signal(signum: int, _frame: object) -> None:

@@ -119,7 +119,8 @@ class Worker(Rank):
     A command that cannot be started (exec format, permission, no file descriptors or
     memory left) raises :class:`StartFailure`, one line naming the rank (``label``:
     what to call it there, by default ``rank N``), the reason and the fix; the caller
-    stops the ranks started before it."""
+    stops the ranks started before it. ``inherit_stdin``: the process reads ringrun's own
+    stdin (rank 0's, see :func:`ringtrain.launch.job.run_fixed`); the others read nothing."""
 
     def __init__(
         self,
@@ -132,6 +133,7 @@ class Worker(Rank):
         cwd: str | None = None,
         host: str = "localhost",
         label: str | None = None,
+        inherit_stdin: bool = False,
     ) -> None:
         self.rank = rank
         self.ranks: tuple[int, ...] = (rank,)
@@ -140,7 +142,7 @@ class Worker(Rank):
         self._file = sink.open_for(rank, attempt)
         self.tail: collections.deque[bytes] = collections.deque(maxlen=5)
         try:
-            super().__init__(argv, env, cwd, pass_fds)
+            super().__init__(argv, env, cwd, pass_fds, inherit_stdin)
         except OSError as exc:  # exec format, permission, out of file descriptors or memory
             sink.discard(self._file)  # its empty log: the rank never ran
             raise StartFailure(start_failure(f"{label or f'rank {rank}'} on {host}", argv, exc),

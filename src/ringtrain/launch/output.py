@@ -28,7 +28,13 @@ from typing import IO
 
 from ringtrain.errors import ConfigError, LaunchError
 
-__all__ = ["OutputFailure", "OutputSink", "check_output_dir"]
+__all__ = ["RESULT_MARKER_ENV", "OutputFailure", "OutputSink", "check_output_dir"]
+
+#: The variable that gives ringrun ``hvd.run``'s per-job marker (``ringtrain.horovod.runner``
+#: sets it): each rank prints its function's pickled value on lines that start with it,
+#: which ``hvd.run`` reads from the terminal stream; the ``--output-filename`` files are
+#: the ranks' own output, as Horovod's (whose values travel over another channel).
+RESULT_MARKER_ENV = "RINGTRAIN_RUN_TOKEN"
 
 #: Exit status for a closed stdout: what a shell reports for a program killed by SIGPIPE
 #: (``yes | head -2`` under ``set -o pipefail`` gives 141).
@@ -65,8 +71,12 @@ class OutputSink:
     (and the terminal too with ``tee``)."""
 
     def __init__(self, directory: str | None, prefix: bool = True,
-                 stream: IO[bytes] | None = None, timestamp: bool = False, tee: bool = False) -> None:
+                 stream: IO[bytes] | None = None, timestamp: bool = False, tee: bool = False,
+                 hide: bytes | None = None) -> None:
         self.directory = directory
+        #: A marker whose lines go to the terminal only, never to the files (from the
+        #: marker to the end of its line; see :data:`RESULT_MARKER_ENV`).
+        self.hide = hide or None
         self.prefix = prefix
         #: With ``directory``: the terminal gets the output too.
         self.tee = tee
@@ -192,6 +202,12 @@ class OutputSink:
     def _write_file(self, rank: int, piece: bytes, file: IO[bytes], partial: bool) -> None:
         if rank in self._dead_files:
             return
+        if self.hide is not None and (at := piece.find(self.hide)) >= 0:
+            # A result line; what precedes the marker is the rank's own (a print
+            # without a newline), ended here as hvd.run ends it on the terminal.
+            piece, partial = piece[:at], False
+            if not piece:
+                return
         if not partial and not piece.endswith(b"\n"):
             piece += b"\n"
         if self.timestamp:
