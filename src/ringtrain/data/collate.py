@@ -633,6 +633,12 @@ def _join(a: tuple, abuf: np.ndarray, b: tuple, bbuf: np.ndarray, arena: Arena,
         return pack(default_collate(a[1] + b[1], arena.alloc), arena)
     if kind == "o" and b[0] == "o" and type(a[1]) in (list, tuple) and type(a[1]) is type(b[1]):
         return ("o", a[1] + b[1])  # strings and bytes, as the samples gave them
+    if kind in ("d", "m") and b[0] == kind and a[-2] != b[-2] and set(a[-2]) <= set(b[-2]):
+        # The whole batch has its first sample's keys (torch's default_collate ignores
+        # the others' extra keys). The second half, collated by its own first sample's
+        # keys, has every one of them, in its order: take those, in the first half's.
+        field = dict(zip(b[-2], b[-1], strict=True))
+        b = (*b[:-2], a[-2], tuple(field[k] for k in a[-2]))
     if kind in ("m", "s"):  # compared by their hollow copies' types (and keys)
         same = kind == b[0] and type(a[1]) is type(b[1]) and a[2:-1] == b[2:-1]
     else:

@@ -199,8 +199,12 @@ def _same(a: Any, b: Any) -> None:
     lambda i: (f"s{i}", np.int16(i)),
     lambda i: (i % 3 == 0, 0.5 * i if i > 2 else i),  # ints, then floats: float32 as torch
     lambda i: 0.5 if i == 0 else i,  # a float, then ints: float64
+    # The batch has its first sample's keys, in its order, as torch's collate gives it;
+    # the second half's first sample has more keys, or the same in another order.
+    lambda i: {"a": i} if i == 0 else {"b": -i, "a": i},
+    lambda i: {"a": i, "b": -i} if i < 2 else {"b": -i, "a": i},
 ], ids=["tuple", "dict", "namedtuple-list", "bytes", "str", "int-then-float",
-        "float-then-int"])
+        "float-then-int", "dict-first-has-fewer-keys", "dict-keys-reordered"])
 @pytest.mark.parametrize("n,cut", [(7, 3), (8, 4), (2, 1)])
 @pytest.mark.parametrize("stream", [False, True], ids=["list", "streamed"])
 def test_joined_halves_are_the_batch_collated_whole(make: Any, n: int, cut: int,
