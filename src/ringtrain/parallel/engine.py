@@ -20,6 +20,7 @@ import logging
 import sys
 import time
 import warnings
+import zlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -80,6 +81,10 @@ class Parallel:
         self._first_header: list[int] | None = None
         #: Whether the first step checked that each tensor group got one batch.
         self._batches_checked = False
+        #: Whether the tensor ranks' gradients of the layers they hold whole still need
+        #: comparing (see :meth:`_check_tensor_replicas`), and whether a step did already.
+        self._replicas_pending = True
+        self._replicas_compared = False
         #: The model's own forward on meta tensors, until a step has checked that it runs
         #: the units as the stages do (see :mod:`ringtrain.parallel.order`).
         self.order_probe: OrderProbe | None = None
@@ -134,6 +139,12 @@ class Parallel:
         """
         if self._batch_norms:
             self._warn_training_batch_norm()
+        # At the first step, and at the first in training mode if that one was not (a
+        # dropout draws nothing in eval mode). The same on every rank: the script sets
+        # the mode, and the condition counts steps.
+        compare = self.layout.tensor > 1 and self._replicas_pending and (
+            self.module.training or not self._replicas_compared)
+        rng = _rng_digest(self.device) if compare else 0.0
         if self.layout.tensor > 1 and not self._batches_checked:
             # Once: a loader sharded by the wrong rank shows at the first batch, and the
             # check reads sums back to the host (a device sync on GPUs).
@@ -149,6 +160,10 @@ class Parallel:
             loss.backward()
             local = loss.detach()
         value = self._global_loss(local, targets)
+        if compare:
+            self._check_tensor_replicas(rng)
+            self._replicas_compared = True
+            self._replicas_pending = not self.module.training
         if optimizer is not None:
             self.update(optimizer)
         return value
@@ -218,6 +233,70 @@ class Parallel:
                     "different batches; every rank of a tensor group needs the same batch: "
                     "shard the data by par.data_rank and par.data_size (not rt.rank() and "
                     "rt.size())")
+
+    def _check_tensor_replicas(self, rng: float) -> None:
+        """A ConfigError on every rank when a tensor group's copies of a whole layer got
+        different gradients.
+
+        A layer outside the tensor plan (an embedding, a norm, the head; a rowwise
+        layer's bias) is whole on each tensor rank and its gradient is never reduced
+        over the tensor group: DTensor, as Megatron-LM, takes the computation outside
+        the split layers to be the same on every tensor rank. It is not when the ranks
+        draw different random numbers there (a dropout after a rowwise layer, the
+        generators seeded per rank as DDP scripts do, ``torch.manual_seed(seed +
+        rank)``; the activations between layers are plain tensors, so DTensor's RNG
+        tracker never sees those ops): the copies then train apart silently. Random
+        ops inside a split pair (a dropout between colwise and rowwise) may differ by
+        rank, as Megatron-LM's do: the rowwise all-reduce makes everything after them
+        the same, and those gradients agree. So the gradients are compared, not the
+        generators, whose states (``rng``, taken before the forward) only say why.
+        One all-gather of three float64 numbers per whole parameter in each tensor
+        group, then the outcome over the world.
+        """
+        assert self.mesh is not None and self.mesh.tensor is not None
+        comm_device = self._comm_device()
+        # Summed where the gradients are and moved once (one device sync, not one each).
+        names, sums = [], [torch.tensor([rng, 0.0, 0.0], dtype=torch.float64,
+                                        device=self.device)]
+        for name, param in self.module.named_parameters():
+            if _split_over_tensor(param):
+                continue
+            names.append(name)
+            grad = param.grad
+            if grad is None:
+                sums.append(torch.zeros(3, dtype=torch.float64, device=self.device))
+                continue
+            local = (grad.to_local() if hasattr(grad, "to_local") else grad).detach()
+            one = torch.ones((), dtype=torch.float64, device=local.device)
+            sums.append(torch.stack([one, torch.sum(local, dtype=torch.float64),
+                                     torch.sum(local.abs(), dtype=torch.float64)]).to(self.device))
+        mine = torch.cat(sums).to(comm_device)
+        group = self.mesh.tensor.get_group()
+        parts = [torch.zeros_like(mine) for _ in range(self.layout.tensor)]
+        inflight.hold(mine, *parts)
+        dist.all_gather(parts, mine, group=group)
+        seen = [part.cpu().view(-1, 3) for part in parts]
+        problem = None
+        c = self.coords
+        for t in range(1, self.layout.tensor):
+            at = next((i for i in range(1, len(names) + 1)
+                       if not _same_gradient(seen[0][i].tolist(), seen[t][i].tolist())), None)
+            if at is None:
+                continue
+            first = self.layout.rank_of(Coords(c.stage, c.data, 0))
+            other = self.layout.rank_of(Coords(c.stage, c.data, t))
+            why = (_DIFFERENT_RNG if float(seen[0][0][0]) != float(seen[t][0][0])
+                   else _DIFFERENT_FORWARD)
+            problem = (
+                f"ranks {first} and {other} (one tensor group) each hold all of "
+                f"{names[at - 1]} (it is not split over the tensor group) but computed "
+                "different gradients for it at the first step, so its copies would train "
+                f"apart silently: {why}")
+            break
+        failed = settle(problem, lambda p: inflight.gather_objects(
+            p, device=comm_device if comm_device.type == "cuda" else None))
+        if failed:
+            raise ConfigError(failed[min(failed)])
 
     def _share_targets(self, inputs: Any, targets: Any) -> Any:
         """Send the batch's shape and targets from stage 0 to the other stages.
@@ -613,6 +692,51 @@ _NO_DATA = ("step() needs inputs and targets on every rank when there is no pipe
             "(every rank reads its data shard)")
 
 
+_DIFFERENT_RNG = (
+    "their random number generators differ (seeded per rank, as torch.manual_seed(seed + "
+    "rank)?), so a dropout or other random op outside the split layers drew different "
+    "numbers on each; seed every rank of a tensor group the same, e.g. "
+    "torch.manual_seed(seed + par.data_rank) after parallelize()")
+_DIFFERENT_FORWARD = (
+    "the forward computes differently on them outside the split layers (a random op on a "
+    "generator of its own, or code that depends on the rank); make it the same on every "
+    "rank of a tensor group")
+
+
+def _rng_digest(device: torch.device) -> float:
+    """A checksum of the random generators a forward on ``device`` draws from (the CPU's,
+    and the current CUDA device's on CUDA): equal on ranks seeded alike."""
+    crc = zlib.crc32(torch.get_rng_state().numpy().tobytes())
+    if device.type == "cuda":
+        crc = zlib.crc32(torch.cuda.get_rng_state(device).numpy().tobytes(), crc)
+    return float(crc)  # (32 bits: exact in the float64 it travels in)
+
+
+def _split_over_tensor(param: torch.Tensor) -> bool:
+    """Whether ``param`` is split over the tensor group (each tensor rank holds a part),
+    rather than whole on each: a DTensor sharded along the mesh's ``tensor`` dimension.
+    (FSDP2's data shards alone are the same part on every tensor rank.)"""
+    placements = getattr(param, "placements", None)
+    if placements is None:
+        return False
+    names = param.device_mesh.mesh_dim_names or ()  # type: ignore[attr-defined]
+    return any(name == "tensor" and not placement.is_replicate()
+               for name, placement in zip(names, placements, strict=False))
+
+
+def _same_gradient(a: Sequence[float], b: Sequence[float]) -> bool:
+    """Whether two (present, sum, sum of magnitudes) digests of a gradient agree.
+
+    The same computation on two ranks gives the same gradient, up to the rounding of
+    an order that may differ (atomics on GPUs, low precision): a thousandth of the
+    gradient's magnitude. Different dropout masks differ by the whole of it.
+    """
+    if a[0] != b[0]:
+        return False
+    scale = max(abs(a[2]), abs(b[2]))
+    return abs(a[1] - b[1]) <= 1e-3 * scale and abs(a[2] - b[2]) <= 1e-3 * scale
+
+
 def _samples(targets: Any) -> float:
     """The samples of a targets tensor (its first dimension); -1 for anything else."""
     if not isinstance(targets, torch.Tensor):
@@ -740,7 +864,8 @@ def parallelize(model: nn.Module, loss_fn: LossFn, *, pipeline: int = 1, tensor:
         split: how to cut stages: ``"params"`` (the default: even parameter count) or
             the names of the units that start stages 1, 2, ... (e.g. ``["blocks.3"]``);
             split points with ``pipeline=1`` are a ConfigError.
-        tensor_plan: module-name patterns -> ``"colwise"`` / ``"rowwise"``
+        tensor_plan: module-name patterns -> ``"colwise"`` / ``"rowwise"`` /
+            ``"colwise_gathered"``
             (see :mod:`ringtrain.parallel.tensor`); needed when ``tensor > 1``. With
             ``tensor=1`` it splits nothing but is still checked against the model.
         device: default ``rt.device()``; a CUDA device becomes the current one (FSDP2
