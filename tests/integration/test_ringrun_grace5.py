@@ -1,8 +1,9 @@
 """``--stop-grace``: a script written for torchrun that saves a last checkpoint in
 ``except KeyboardInterrupt:`` and needs more than ringrun's default 2.5 s gets the time
 it asks for (torchrun waits up to its ``--shutdown-timeout``, 30 s), remote ranks too;
-a second Ctrl-C still kills at once; and resizable jobs pass the received signal on as
-fixed-size ones do (before, their workers got SIGTERM whatever ringrun received)."""
+a second Ctrl-C still kills at once; resizable jobs pass the received signal on as
+fixed-size ones do; and horovodrun's ranks get SIGTERM with 5 s, as Horovod's launcher
+stops its ranks (a Horovod script saves in a SIGTERM handler)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from hosts.harness import RINGRUN, assert_no_orphans, env_for, new_marker
+from hosts.harness import BIN, RINGRUN, assert_no_orphans, env_for, new_marker
 
 import ringtrain.launch.agent as agent_module
 from ringtrain.launch.agent import agent_grace
@@ -33,10 +34,11 @@ SCRIPT = ("import sys, time\n"
           "    open(sys.argv[1], 'w').write('saved')\n")
 
 
-def _interrupt(argv: list[str], marker: str, second_after: float | None = None) -> tuple[int, str, float]:
+def _interrupt(argv: list[str], marker: str, second_after: float | None = None,
+               launcher: str = RINGRUN) -> tuple[int, str, float]:
     """Start ringrun, SIGINT it once its rank is ready (and again ``second_after`` seconds
     later); its exit code, stderr and the seconds from the first SIGINT to its exit."""
-    proc = subprocess.Popen([RINGRUN, *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    proc = subprocess.Popen([launcher, *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, env=env_for(marker))
     assert proc.stdout is not None
     # 40 s: a resizable job's start beside other load took over 20 s once, and a SIGINT
@@ -113,4 +115,28 @@ def test_a_remote_hosts_agent_honours_the_specs_grace(tmp_path: Path) -> None:
         finally:
             stop_all([host], grace=0.5)
     assert done.exists(), out.read_text()  # before: the agent SIGKILLed its ranks after 1.5 s
+    assert_no_orphans(marker, within=1.0)
+
+
+# A Horovod script: it saves in a SIGTERM handler (Horovod's launcher stops its ranks with
+# SIGTERM, then SIGKILL 5 s later) and never catches KeyboardInterrupt.
+TERM_SCRIPT = ("import signal, sys, time\n"
+               "def save(*_):\n"
+               "    time.sleep(float(sys.argv[2]))\n"
+               "    open(sys.argv[1], 'w').write('saved')\n"
+               "    sys.exit(0)\n"
+               "signal.signal(signal.SIGTERM, save)\n"
+               "print('ready', flush=True)\n"
+               "time.sleep(60)\n")
+
+
+@pytest.mark.timeout(60)
+def test_horovodrun_stops_its_ranks_with_sigterm_and_horovods_grace(tmp_path: Path) -> None:
+    # 3 s of saving: past ringrun's 2.5 s, within Horovod's 5 s. Before, the rank got
+    # SIGINT (a KeyboardInterrupt in time.sleep) and its handler never ran.
+    marker, done = new_marker(), tmp_path / "saved"
+    code, err, _ = _interrupt(["-np", "1", sys.executable, "-c", TERM_SCRIPT, str(done), "3"], marker,
+                              launcher=str(BIN / "horovodrun"))
+    assert code == 130, err
+    assert done.exists(), err
     assert_no_orphans(marker, within=1.0)

@@ -17,6 +17,7 @@ import argparse
 import math
 import os
 import shutil
+import signal
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,11 +35,13 @@ from ringtrain.launch.ssh import SshOptions, parse_ssh_option
 from ringtrain.launch.start import run_job
 from ringtrain.settings import env_name, flag_specs, settings_env, unknown_variables
 
-__all__ = ["build_config", "build_parser", "main", "missing_script"]
+__all__ = ["STOP_SIGNALS", "build_config", "build_parser", "main", "missing_script"]
 
 
 # torchrun's flags that ringrun does not take, and what to write instead: a torchrun
 # command line moved to ringrun gets the fix in its one error line.
+#: ``--stop-signal``'s names (``TERM``, ``SIGTERM`` and ``term`` alike).
+STOP_SIGNALS = {"INT": int(signal.SIGINT), "TERM": int(signal.SIGTERM), "HUP": int(signal.SIGHUP)}
 _RDZV = "ringrun is the job's rendezvous: drop the flag (--master-addr/--master-port set its address)"
 _LOGS = ("--output-filename DIR writes each rank's output to DIR/rank.N.log (--output-tee: "
          "and to the terminal)")
@@ -126,6 +129,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds the ranks have to end after ringrun passed them its SIGINT/SIGTERM/"
                         f"SIGHUP (or stopped them) before SIGKILL (default {STOP_GRACE_S:g}; "
                         "torchrun's --shutdown-timeout waits 30); a second Ctrl-C kills at once")
+    p.add_argument("--stop-signal", choices=sorted(STOP_SIGNALS), metavar="SIG",
+                   type=lambda name: name.upper().removeprefix("SIG"),
+                   help="the signal the ranks get when ringrun is stopped: INT, TERM or HUP "
+                        "(default: the one ringrun received, SIGINT on Ctrl-C, as torchrun; "
+                        "horovodrun passes TERM, as Horovod's launcher)")
     settings = p.add_argument_group("settings (each sets its RINGTRAIN_* variable for every worker)")
     for spec in flag_specs():
         if spec.kind is bool:
@@ -386,6 +394,7 @@ def build_config(argv: list[str]) -> JobConfig:
         network_interface=interface,
         start_timeout=args.start_timeout,
         stop_grace=args.stop_grace,
+        stop_signal=STOP_SIGNALS[args.stop_signal] if args.stop_signal else None,
         warnings=tuple(warnings),
         transport=transport,
         slurm_cpus=where.slurm_cpus,

@@ -47,12 +47,21 @@ from ringtrain.launch.horovod_flags import FLAGS, Flag, by_dest
 from ringtrain.launch.start import run_job
 from ringtrain.settings import flag_specs
 
-__all__ = ["DEFAULT_ELASTIC_TIMEOUT", "DEFAULT_RESET_LIMIT", "Translation", "build_parser",
+__all__ = ["DEFAULT_ELASTIC_TIMEOUT", "DEFAULT_RESET_LIMIT", "HOROVOD_STOP_GRACE_S", "STOP_FLAGS", "Translation", "build_parser",
            "check_build_text", "main", "translate"]
 
 #: Restarts of a fixed-size elastic job without --reset-limit (Horovod's is unlimited;
 #: a script that fails every time must not loop forever here).
 DEFAULT_RESET_LIMIT = 3
+#: Seconds Horovod's launcher gives a rank between SIGTERM and SIGKILL (its
+#: GRACEFUL_TERMINATION_TIME_S).
+HOROVOD_STOP_GRACE_S = 5.0
+#: How every horovodrun job stops its ranks. Horovod's launcher stops them (on Ctrl-C or
+#: SIGTERM to it, or when one rank failed) with SIGTERM and SIGKILLs them 5 s later
+#: (safe_shell_exec's graceful termination): a Horovod script saves in a SIGTERM handler
+#: and never sees a KeyboardInterrupt. ringrun's own default passes on the signal it
+#: got (SIGINT on Ctrl-C) with 2.5 s, as torchrun does.
+STOP_FLAGS = ("--stop-signal", "TERM", "--stop-grace", f"{HOROVOD_STOP_GRACE_S:g}")
 #: Horovod's --elastic-timeout default (seconds).
 DEFAULT_ELASTIC_TIMEOUT = 600.0
 #: --no-stall-check: ringtrain's stall_timeout must be finite; a year is "never".
@@ -263,7 +272,7 @@ def translate(argv: list[str], environ: Mapping[str, str] | None = None) -> Tran
     np = a["num_proc"] if a["num_proc"] is not None else fixed
     if np is None and not resizable:
         raise ConfigError("-np is required, e.g. 'horovodrun -np 2 python train.py'")
-    out = ["-np", str(np)] if np is not None else []
+    out = [*STOP_FLAGS, "-np", str(np)] if np is not None else [*STOP_FLAGS]
     if resizable:
         out += _resize_flags(a, source)
     else:

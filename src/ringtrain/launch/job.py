@@ -88,6 +88,10 @@ class JobConfig:
     #: a failed rank, the end of the job) before SIGKILL (``--stop-grace``); remote
     #: ranks get :func:`~ringtrain.launch.agent.agent_grace` of it from their agent.
     stop_grace: float = STOP_GRACE_S
+    #: The signal the ranks get when ringrun itself is asked to stop (``--stop-signal``):
+    #: None passes on the one it received (SIGINT for Ctrl-C, as torchrun does);
+    #: horovodrun gives SIGTERM, as Horovod's launcher sends its ranks on Ctrl-C.
+    stop_signal: int | None = None
     #: What the user should know but that does not stop the job (``main`` prints it).
     warnings: tuple[str, ...] = ()
     #: How remote host agents are started: "ssh", or "srun" inside a Slurm allocation
@@ -529,7 +533,8 @@ def _run_attempts(cfg: JobConfig, run: JobRun, started: list[int]) -> int:
                 say(f"received {name}; stopping {len(cfg.placements)} rank(s)")
                 # The ranks get the signal ringrun got, as under torchrun (members.Rank);
                 # another one cuts their grace short.
-                _stop_everything(cfg, members, mark, stop.signum, cut_short=lambda: len(stop_flag) > 1)
+                _stop_everything(cfg, members, mark, cfg.stop_signal or stop.signum,
+                                 cut_short=lambda: len(stop_flag) > 1)
                 members = []
                 return 128 + stop.signum
             except _OutputFailed as out:

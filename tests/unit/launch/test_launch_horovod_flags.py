@@ -13,7 +13,7 @@ from ringtrain.errors import ConfigError
 from ringtrain.launch import cli
 from ringtrain.launch.elastic.worlds import Blacklist
 from ringtrain.launch.horovod_flags import FLAGS, markdown_table
-from ringtrain.launch.horovodrun import translate
+from ringtrain.launch.horovodrun import STOP_FLAGS, translate
 from ringtrain.launch.output import OutputSink
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -114,7 +114,7 @@ def test_docs_migrate_table_is_the_generated_one() -> None:
 ])
 def test_mapped_flags(flags: str, want: list[str]) -> None:
     argv = translate(f"-np 2 {flags} true".split(), {}).ringrun_argv
-    assert argv == ["-np", "2", "-H", "localhost:2", *want, "--", "true"]
+    assert argv == [*STOP_FLAGS, "-np", "2", "-H", "localhost:2", *want, "--", "true"]
     cfg = cli.build_config(argv)
     if "--log-level" in want:
         assert cfg.settings_env["RINGTRAIN_LOG_LEVEL"] == want[1]

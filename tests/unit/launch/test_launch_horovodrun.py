@@ -7,12 +7,15 @@ import pytest
 from ringtrain.errors import ConfigError
 from ringtrain.launch import cli
 from ringtrain.launch.horovod_env import horovod_env
-from ringtrain.launch.horovodrun import DEFAULT_RESET_LIMIT, check_build_text, translate
+from ringtrain.launch.horovodrun import DEFAULT_RESET_LIMIT, STOP_FLAGS, check_build_text, translate
 from ringtrain.launch.hosts import Host, place_ranks
 
 
 def _argv(line: str, environ: dict[str, str] | None = None) -> list[str]:
-    return translate(line.split(), environ or {}).ringrun_argv
+    """ringrun's flags after the stop flags every horovodrun job starts with."""
+    argv = translate(line.split(), environ or {}).ringrun_argv
+    assert tuple(argv[:len(STOP_FLAGS)]) == STOP_FLAGS, argv
+    return argv[len(STOP_FLAGS):]
 
 
 def test_without_hosts_horovod_runs_np_ranks_on_localhost() -> None:
@@ -117,7 +120,8 @@ def test_reset_limit_of_a_job_that_is_not_elastic_is_ignored_as_in_horovod() -> 
 def test_tuning_flags_without_effect_are_warned_not_refused() -> None:
     t = translate("-np 2 --autotune --cycle-time-ms 5 --hierarchical-allreduce --binding-args=x "
                   "--network-interfaces eth1,eth2 true".split(), {})
-    assert t.ringrun_argv == ["-np", "2", "-H", "localhost:2", "--network-interface", "eth1", "--", "true"]
+    assert t.ringrun_argv == [*STOP_FLAGS, "-np", "2", "-H", "localhost:2", "--network-interface", "eth1",
+                              "--", "true"]
     assert t.warnings[0] == "--network-interface eth1,eth2: ringtrain uses the first, eth1"
     assert [w.split(" has no effect with ringtrain: ")[0] for w in t.warnings[1:]] == [
         "--cycle-time-ms", "--hierarchical-allreduce", "--autotune", "--binding-args"]
