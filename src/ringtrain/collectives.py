@@ -97,14 +97,26 @@ class Handle:
         self.tensor = tensor
         self.name = name
         self._wait_fn: Callable[[], None] | None = wait_fn
+        self._error: Exception | None = None
 
     def done(self) -> bool:
         return self._wait_fn is None
 
     def wait(self) -> torch.Tensor:
+        """The result; the exchange's error if it failed (again on every later call: the
+        tensor then holds a partial result, which a second wait returned as if finished)."""
+        if self._error is not None:
+            raise self._error
         if self._wait_fn is not None:
             fn, self._wait_fn = self._wait_fn, None
-            fn()
+            try:
+                fn()
+            except Exception as exc:
+                self._error = exc
+                raise
+            except BaseException:
+                self._wait_fn = fn  # interrupted (Ctrl-C) while waiting: it may be waited for again
+                raise
         return self.tensor
 
 
@@ -351,7 +363,11 @@ def broadcast_(tensor: torch.Tensor, root_rank: int = 0, name: str | None = None
     except RuntimeError as exc:
         raise _fail("broadcast", name, tensor, exc) from exc
     if comm is not tensor:
-        tensor.copy_(comm)
+        # Outside autograd, as dist.broadcast writes a contiguous tensor: a parameter that
+        # is not contiguous (a channels_last conv weight, a transposed weight) raised "a
+        # leaf Variable that requires grad is being used in an in-place operation" here,
+        # on every rank, where torch's dist.broadcast(param) succeeds.
+        tensor.detach().copy_(comm)
     return tensor
 
 
