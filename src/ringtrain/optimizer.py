@@ -46,6 +46,7 @@ as Horovod does (a gather has nothing for a joined rank to contribute):
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
 import time
 import warnings
@@ -68,6 +69,8 @@ __all__ = ["DistributedOptimizer", "owner_of"]
 #: step breaks its graph there and runs it as written, while the wrapped optimizer's
 #: update is still traced. torch marks its optimizers' ``zero_grad`` the same way; the
 #: compiler is imported at the first call, as torch's first ``zero_grad`` imports it.
+log = logging.getLogger("ringtrain")
+
 _eager = torch._disable_dynamo
 
 _CLASSES: dict[type, type] = {}
@@ -872,11 +875,15 @@ class DistributedOptimizer(torch.optim.Optimizer):
         ``load_state_dict`` drops it: a rollback (``backward()``, then the saved state
         loaded, then ``zero_grad()``) starts the next step afresh, its accumulation
         count too. Exchanges already launched finish first, so none writes into a
-        gradient afterwards."""
+        gradient afterwards; one that fails (a peer lost: the rollback of an elastic
+        job's restore) is let go, as the step is dropped anyway."""
         if any(self._passes) or self._synchronized:
             for bucket in self._fusion.buckets:
                 if bucket.handle is not None:
-                    self._fusion.wait(bucket)
+                    try:
+                        self._fusion.wait(bucket)
+                    except Exception:  # noqa: BLE001 - see above; the next exchange reports a broken world
+                        log.debug("%s: dropped with the step", bucket.name, exc_info=True)
             self._reset(step_done=False)
         self._inner.load_state_dict(state_dict)
 

@@ -30,8 +30,15 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import IO, Any, Protocol
 
-__all__ = ["PIECE_BYTES", "Child", "PlainProcess", "SpawnedProcess", "Stoppable", "die_with_parent",
-           "pieces", "start_failure", "start_failure_repeats", "stop_sequence"]
+__all__ = ["PIECE_BYTES", "RESULT_MARKER_ENV", "Child", "PlainProcess", "SpawnedProcess", "Stoppable",
+           "die_with_parent", "pieces", "start_failure", "start_failure_repeats", "stop_sequence"]
+
+#: The variable that gives ringrun ``hvd.run``'s per-job marker (set by
+#: ``ringtrain.horovod.runner``; here, in a leaf both sides import): each rank prints its
+#: function's pickled value on lines that start with it, which ``hvd.run`` reads from the
+#: terminal stream; the ``--output-filename`` files are the ranks' own output, as
+#: Horovod's (whose values travel over another channel).
+RESULT_MARKER_ENV = "RINGTRAIN_RUN_TOKEN"
 
 #: Seconds a killed process has to be reaped.
 REAP_S = 2.0

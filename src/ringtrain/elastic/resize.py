@@ -21,7 +21,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
 from ringtrain import assignment, collectives, runtime
@@ -29,8 +29,8 @@ from ringtrain.elastic.state import ElasticState, HostsUpdated
 from ringtrain.errors import LaunchError, first_line
 from ringtrain.peer_failure import is_world_failure
 
-__all__ = ["POLL_S", "REFORM_WAIT_S", "RESEVER_S", "drive", "follow_world", "hosts_updated", "resizable",
-           "world_version"]
+__all__ = ["POLL_S", "REFORM_WAIT_S", "RESEVER_S", "drive", "drop_steps", "follow_models", "follow_world",
+           "hosts_updated", "resizable", "world_version"]
 
 log = logging.getLogger("ringtrain.elastic")
 
@@ -222,6 +222,52 @@ def follow_world(optimizer: Any) -> bool:
     return callable(changed) and changed() is True
 
 
+def follow_models(modules: Iterable[Any], followed: Iterable[Any] = ()) -> None:
+    """Bring to the current world every live ``DistributedOptimizer`` that exchanges a
+    parameter of ``modules`` and is not one of ``followed`` (those were brought by
+    :func:`follow_world` already). An optimizer the state does not hold (a GAN's second
+    one passed as a keyword, one left out of the state, the wrapped optimizer given to
+    the state instead of the wrapper) kept averaging over the old size, silently: after
+    3 ranks became 2 its gradients were 2/3 of Horovod's, which reads the size at every
+    step. Not collective: ``DistributedOptimizer.world_changed`` only resets its own
+    bookkeeping."""
+    from ringtrain.optimizer import owner_of
+
+    done = {id(o) for o in followed if o is not None}
+    for module in modules:
+        parameters = getattr(module, "parameters", None)
+        if module is None or not callable(parameters):
+            continue
+        for p in parameters():
+            opt = owner_of(p)
+            if opt is not None and id(opt) not in done:
+                done.add(id(opt))
+                opt.world_changed()
+
+
+def drop_steps(parts: Iterable[Any]) -> None:
+    """Forget the step in progress of every ``DistributedOptimizer`` among ``parts`` or
+    exchanging a parameter of a module among them, without waiting for its exchanges
+    (not collective). Before a restore after a lost peer: the optimizer's
+    ``load_state_dict`` waits for a step's launched exchanges, and in the broken world
+    that wait raised the peer's failure again, so the survivor left the job instead of
+    restoring (3 ranks, one killed mid-step: the job ended below ``--min-np``)."""
+    from ringtrain.optimizer import DistributedOptimizer, owner_of
+
+    done: set[int] = set()
+    for part in parts:
+        if isinstance(part, DistributedOptimizer):
+            found: list[Any] = [part]
+        elif callable(getattr(part, "parameters", None)):
+            found = [owner_of(p) for p in part.parameters()]
+        else:
+            continue
+        for opt in found:
+            if opt is not None and id(opt) not in done:
+                done.add(id(opt))
+                opt.world_changed()  # a DistributedOptimizer's: its own bookkeeping only
+
+
 class _Reformer:
     """Moves this process from the world it is in to ringrun's next one."""
 
@@ -310,6 +356,9 @@ def drive(call: Callable[[], T], state: ElasticState, leave: Callable[[Callable[
             if not is_world_failure(exc) or not reformer.next_world(reform_wait()):
                 raise
             log.debug("a peer failed (%s); moving to ringrun's next world", first_line(exc))
+            drop = getattr(state, "drop_steps", None)  # a duck-typed state may lack it
+            if callable(drop):
+                drop()
             state.restore()
             skip_sync = False
         target = reformer.reform()

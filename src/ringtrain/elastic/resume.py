@@ -30,7 +30,7 @@ import torch
 
 from ringtrain import checkpoint, collectives, replicate, runtime
 from ringtrain.elastic.gather import gather_to_root, scatter_from_root
-from ringtrain.elastic.resize import follow_world, hosts_updated, resizable
+from ringtrain.elastic.resize import drop_steps, follow_models, follow_world, hosts_updated, resizable
 from ringtrain.elastic.state import ElasticState, HostsUpdated, Stateful, copy_states, load_states
 from ringtrain.errors import CheckpointError, ConfigError
 
@@ -315,6 +315,9 @@ class Resumable(ElasticState):
         self.step = step
         self._commit = {"step": step, "extra": copy.deepcopy(self.extra), **copy_states(self._parts())}
 
+    def drop_steps(self) -> None:
+        drop_steps([self.model, self.optimizer])
+
     def restore(self) -> None:
         """Go back to the last :meth:`commit` (after a peer failed mid-step)."""
         if self._commit is None:
@@ -327,6 +330,9 @@ class Resumable(ElasticState):
     def sync(self) -> None:
         """Every rank takes rank 0's state (collective; after the job changed size)."""
         own = self.optimizer is not None and follow_world(self.optimizer)
+        # A DistributedOptimizer over the model that the state does not hold (a second
+        # one, or the wrapped optimizer given as optimizer=) averages over the new size too.
+        follow_models([self.model], followed=[self.optimizer])
         if runtime.size() > 1:
             if not own:
                 replicate.broadcast_parameters(self.model.state_dict(), root_rank=0)

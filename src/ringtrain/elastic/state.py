@@ -49,6 +49,10 @@ class ElasticState:
         for cb in self._reset_callbacks:
             cb()
 
+    def drop_steps(self) -> None:
+        """Forget the optimizers' step in progress without waiting on the broken world
+        (after a peer failed, before :meth:`restore`; not collective)."""
+
     def restore(self) -> None:
         """Go back to the last commit (after a peer failed mid-step)."""
         raise NotImplementedError

@@ -27,7 +27,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from ringtrain.launch.output import RESULT_MARKER_ENV
+from ringtrain.processes import RESULT_MARKER_ENV
 
 __all__ = ["run"]
 

@@ -29,10 +29,11 @@ from ringtrain.launch import slurm
 from ringtrain.launch.elastic.worlds import ElasticConfig
 from ringtrain.launch.hosts import Host, is_local_host, parse_hostfile, parse_hosts, place_ranks
 from ringtrain.launch.job import STOP_GRACE_S, JobConfig
-from ringtrain.launch.output import RESULT_MARKER_ENV, check_output_dir
+from ringtrain.launch.output import check_output_dir
 from ringtrain.launch.slots import local_slots
 from ringtrain.launch.ssh import SshOptions, parse_ssh_option
 from ringtrain.launch.start import run_job
+from ringtrain.processes import RESULT_MARKER_ENV
 from ringtrain.settings import env_name, flag_specs, settings_env, unknown_variables
 
 __all__ = ["STOP_SIGNALS", "build_config", "build_parser", "main", "missing_script"]

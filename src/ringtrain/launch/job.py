@@ -103,7 +103,7 @@ class JobConfig:
     #: then ``placements`` is empty and the hosts come from here.
     elastic: ElasticConfig | None = None
     #: ``hvd.run``'s result marker: its lines stay out of the ``--output-filename``
-    #: files (:data:`ringtrain.launch.output.RESULT_MARKER_ENV`).
+    #: files (:data:`ringtrain.processes.RESULT_MARKER_ENV`).
     result_marker: str | None = None
 
     def is_local(self, host: str) -> bool:

@@ -28,13 +28,8 @@ from typing import IO
 
 from ringtrain.errors import ConfigError, LaunchError
 
-__all__ = ["RESULT_MARKER_ENV", "OutputFailure", "OutputSink", "check_output_dir"]
+__all__ = ["OutputFailure", "OutputSink", "check_output_dir"]
 
-#: The variable that gives ringrun ``hvd.run``'s per-job marker (``ringtrain.horovod.runner``
-#: sets it): each rank prints its function's pickled value on lines that start with it,
-#: which ``hvd.run`` reads from the terminal stream; the ``--output-filename`` files are
-#: the ranks' own output, as Horovod's (whose values travel over another channel).
-RESULT_MARKER_ENV = "RINGTRAIN_RUN_TOKEN"
 
 #: Exit status for a closed stdout: what a shell reports for a program killed by SIGPIPE
 #: (``yes | head -2`` under ``set -o pipefail`` gives 141).
@@ -75,7 +70,7 @@ class OutputSink:
                  hide: bytes | None = None) -> None:
         self.directory = directory
         #: A marker whose lines go to the terminal only, never to the files (from the
-        #: marker to the end of its line; see :data:`RESULT_MARKER_ENV`).
+        #: marker to the end of its line; see :data:`ringtrain.processes.RESULT_MARKER_ENV`).
         self.hide = hide or None
         self.prefix = prefix
         #: With ``directory``: the terminal gets the output too.

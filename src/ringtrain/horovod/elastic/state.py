@@ -18,6 +18,7 @@ the restarted job from it.
 from __future__ import annotations
 
 import copy
+import logging
 import math
 import os
 import time
@@ -28,11 +29,14 @@ from typing import Any
 import torch
 
 from ringtrain import checkpoint, elastic, runtime
+from ringtrain.elastic.resize import drop_steps, follow_models
 from ringtrain.elastic.state import ElasticState, copy_states, load_states
 from ringtrain.errors import ConfigError
 from ringtrain.horovod.elastic.sampler import ElasticSampler
 
 __all__ = ["HostsUpdatedInterrupt", "ObjectState", "State", "TorchState", "persist_path"]
+
+log = logging.getLogger("ringtrain.horovod.elastic")
 
 
 class HostsUpdatedInterrupt(elastic.HostsUpdated):
@@ -71,12 +75,27 @@ def _persist_interval() -> float:
 class State(ElasticState):
     """Horovod's base state: commit (in memory, persisted by rank 0 in a fixed-size job),
     and the hooks subclasses fill in; reset callbacks, ``restore()`` and ``sync()`` are
-    those of every elastic state (:class:`ringtrain.elastic.ElasticState`)."""
+    those of every elastic state (:class:`ringtrain.elastic.ElasticState`).
 
-    def __init__(self) -> None:
+    A script's own state (Horovod's docs: "override the base ``hvd.elastic.State``")
+    calls ``super().__init__(bcast_object=hvd.broadcast_object, get_rank=hvd.rank)`` and
+    gives ``save()``, ``restore()`` and ``sync()``; it may use ``self._bcast_object`` and
+    ``self._rank`` as Horovod's base keeps them. Without ``snapshot()`` and
+    ``load_snapshot()`` its commits stay in memory: a fixed-size job restarted by ringrun
+    starts it over (a warning says so after the restart)."""
+
+    def __init__(self, bcast_object: Callable[..., Any] | None = None,
+                 get_rank: Callable[[], int] | None = None) -> None:
         super().__init__()
+        if bcast_object is None:
+            from ringtrain.horovod.functions import broadcast_object as bcast_object
+        self._bcast_object = bcast_object
+        self._rank = get_rank or runtime.rank
         _persist_interval()  # a bad value fails here, on every rank, not at rank 0's first commit
         self._last_persist = 0.0
+        # A script's own subclass gives save/restore/sync only (all Horovod asks for).
+        self._persistable = (type(self).snapshot is not State.snapshot
+                             and type(self).load_snapshot is not State.load_snapshot)
 
     def commit(self) -> None:
         """Remember the current state (in memory; rank 0 persists it), then check hosts."""
@@ -107,6 +126,10 @@ class State(ElasticState):
         if not force and now - self._last_persist < _persist_interval():
             return
         self._last_persist = now
+        if not self._persistable:
+            # Its commit cannot be written; the job goes on as under Horovod, which
+            # persists nothing (before, every commit raised NotImplementedError on rank 0).
+            return
         checkpoint.save(path, self.snapshot())
 
     def forget_persisted(self) -> None:
@@ -122,6 +145,12 @@ class State(ElasticState):
         """After a restart: load the persisted commit (every rank calls it). True if one was found."""
         path = persist_path()
         if path is None:
+            return False
+        if not self._persistable:  # the same class, so the same answer, on every rank
+            if runtime.world().env.attempt > 0 and runtime.rank() == 0:
+                log.warning("restarted: %s has no snapshot()/load_snapshot(), so its commits were kept "
+                            "in memory only and training starts over; give it both to resume from "
+                            "the last commit", type(self).__name__)
             return False
         from ringtrain.collectives import broadcast_object
 
@@ -167,7 +196,7 @@ class ObjectState(State):
         self._saved: dict[str, Any] = {}
         for k, v in kwargs.items():
             setattr(self, k, v)
-        super().__init__()
+        super().__init__(self._bcast, self._get_rank)
         self.save()
 
     def _values(self) -> dict[str, Any]:
@@ -248,6 +277,9 @@ class TorchState(ObjectState):
         self._saved_torch = {**copy_states(self._parts()),
                              "samplers": {k: s.state_dict() for k, s in self._samplers.items()}}
 
+    def drop_steps(self) -> None:
+        drop_steps(self._parts().values())
+
     def restore(self) -> None:
         super().restore()
         # A copy: an optimizer's load_state_dict keeps the tensors it is given (Adam's
@@ -274,6 +306,14 @@ class TorchState(ObjectState):
         # model over themselves (a joining rank takes the synced copy, the others keep
         # their local steps), so rank 0's parameters must not overwrite theirs.
         own = resized and self.optimizer is not None and elastic.follow_world(self.optimizer)
+        if resized:
+            # Every other optimizer too: a keyword one (a GAN's), and any the state does
+            # not hold that exchanges a model's gradients, averages over the new size.
+            extra = [getattr(self, k) for k in self._torch_keys]
+            for part in extra:
+                if isinstance(part, torch.optim.Optimizer):
+                    elastic.follow_world(part)
+            follow_models([self.model, *extra], followed=[self.optimizer, *extra])
         if self.model is not None and not own:
             broadcast_parameters(self.model.state_dict(), root_rank=0)
         if self.optimizer is not None and not own:
