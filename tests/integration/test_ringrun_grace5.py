@@ -131,11 +131,13 @@ TERM_SCRIPT = ("import signal, sys, time\n"
 
 
 @pytest.mark.timeout(60)
-def test_horovodrun_stops_its_ranks_with_sigterm_and_horovods_grace(tmp_path: Path) -> None:
+@pytest.mark.parametrize("size", [["-np", "1"], ["--min-np", "1", "--max-np", "2", "-H", "localhost:2"]],
+                         ids=["fixed", "resizable"])
+def test_horovodrun_stops_its_ranks_with_sigterm_and_horovods_grace(tmp_path: Path, size: list[str]) -> None:
     # 3 s of saving: past ringrun's 2.5 s, within Horovod's 5 s. Before, the rank got
     # SIGINT (a KeyboardInterrupt in time.sleep) and its handler never ran.
     marker, done = new_marker(), tmp_path / "saved"
-    code, err, _ = _interrupt(["-np", "1", sys.executable, "-c", TERM_SCRIPT, str(done), "3"], marker,
+    code, err, _ = _interrupt([*size, sys.executable, "-c", TERM_SCRIPT, str(done), "3"], marker,
                               launcher=str(BIN / "horovodrun"))
     assert code == 130, err
     assert done.exists(), err

@@ -674,7 +674,7 @@ def run_elastic(cfg: JobConfig) -> int:
                 code = driver.watch()
             except Stopped as stop:
                 say(f"received {signal.Signals(stop.signum).name}; stopping the job")
-                signum, signals_seen = stop.signum, 1
+                signum, signals_seen = cfg.stop_signal or stop.signum, 1  # --stop-signal wins
                 return 128 + stop.signum
             except HostsDown as down:
                 raise LaunchError(str(down)) from None
