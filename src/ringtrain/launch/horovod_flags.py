@@ -108,8 +108,9 @@ FLAGS: tuple[Flag, ...] = (
          "ringrun --blacklist-cooldown-range: a failed host comes back after a cooldown within "
          "[min, max] s, doubled at each failure",
          value="int int"),
-    Flag(("--timeline-filename",), "timeline_filename", "mapped", "ringtrain's timeline", "HOROVOD_TIMELINE",
-         value="str"),
+    Flag(("--timeline-filename",), "timeline_filename", "mapped",
+         "ringtrain's step timeline and the Horovod timeline (NEGOTIATE_<OP>, <OP> spans), in one file",
+         "HOROVOD_TIMELINE", value="str"),
     Flag(("--timeline-mark-cycles",), "timeline_mark_cycles", "mapped",
          "a CYCLE_START mark per coordinator cycle in the timeline", "HOROVOD_TIMELINE_MARK_CYCLES",
          inverse=("--no-timeline-mark-cycles",)),

@@ -39,7 +39,7 @@ from ringtrain.cpus import cpu_budget
 from ringtrain.observe.gpu import DeviceStepTimer, NvmlSampler, open_nvml_sampler
 from ringtrain.observe.meter import PHASES, Meter, StepRecord, summarize
 from ringtrain.observe.progress import Progress
-from ringtrain.observe.timeline import TraceRecorder, part_path, wait_and_merge, write_json_atomic
+from ringtrain.observe.timeline import TraceRecorder, merge, part_path, wait_and_merge, write_json_atomic
 
 __all__ = [
     "DoctorRequest", "doctor_request", "Session", "start", "stop", "flush", "current",
@@ -283,6 +283,19 @@ class Session:
                 if missing:
                     log.warning("timeline %s lacks rank(s) %s (their parts did not appear)",
                                 self.timeline_path, missing)
+
+    def rewrite_timeline(self) -> None:
+        """Write the (flushed) timeline again, so that a Horovod timeline written to the
+        same file after the flush (rank 0's, at exit) joins it rather than replacing it
+        (see :mod:`ringtrain.observe.timeline`)."""
+        if self.trace is None or not self.flushed or not self.meter.steps_seen:
+            return
+        f = self.facts
+        if f.size == 1:
+            self.trace.write(self.timeline_path, 1)
+        elif f.rank == 0 and self.doctor is None:
+            parts = [part_path(self.timeline_path, r, f.size) for r in range(f.size)]
+            merge([p for p in parts if p.exists()], self.timeline_path)
 
 
 # -- process-wide state -------------------------------------------------------------------

@@ -18,6 +18,11 @@ Files: with one rank the trace goes to ``path``; with more, each rank writes
 the parts into ``path`` at exit, waiting up to :data:`MERGE_WAIT_S` for the others.
 ``ringtrain doctor`` merges again once every rank has exited.
 
+A Horovod timeline (``HOROVOD_TIMELINE`` / ``hvd.start_timeline``, written by rank 0) at
+the same path, as ``horovodrun --timeline-filename`` asks for both, is kept: its
+``NEGOTIATE_<OP>`` / ``<OP>`` spans join the trace as one more process,
+"Horovod timeline" (:func:`horovod_events`), instead of being replaced.
+
 .. _Trace Event Format: https://docs.google.com/document/d/1CvAClvFfyA5R-PhYUmn5OOQtYMH4h6I0nSsKchNAySU
 """
 
@@ -32,7 +37,8 @@ from typing import Any
 
 from ringtrain.observe.meter import StepRecord
 
-__all__ = ["TraceRecorder", "part_path", "merge", "wait_and_merge", "write_json_atomic", "MERGE_WAIT_S"]
+__all__ = ["TraceRecorder", "part_path", "merge", "wait_and_merge", "write_json_atomic", "write_trace",
+           "horovod_events", "MERGE_WAIT_S", "HOROVOD_PID"]
 
 #: Seconds rank 0 waits at exit for the other ranks' parts before merging what exists.
 MERGE_WAIT_S = 5.0
@@ -40,6 +46,9 @@ MERGE_WAIT_S = 5.0
 MAX_SPANS = 500_000
 # Tensor names listed per exchange span; a bucket of a large model holds hundreds.
 _MAX_NAMES = 32
+
+#: The process that holds a Horovod timeline's events (ranks are 0..size-1).
+HOROVOD_PID = 1_000_000
 
 _TID_STEPS = 1
 _TID_COPIES = 2
@@ -53,6 +62,77 @@ def write_json_atomic(path: Path, doc: Any) -> None:
     with open(tmp, "w", encoding="utf-8") as f:
         json.dump(doc, f, separators=(",", ":"))
     os.replace(tmp, path)
+
+
+def _read_trace(path: Path) -> Any:
+    """A trace file as JSON, or None. Horovod's own writer leaves its array open while
+    the job runs (or when it was killed), so a missing ``]`` is tolerated as it is by
+    chrome://tracing."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError:
+        return None
+    try:
+        return json.loads(text)
+    except ValueError:
+        try:
+            return json.loads(text.rstrip().rstrip(",") + "]")
+        except ValueError:
+            return None
+
+
+def horovod_events(path: str | Path) -> list[dict[str, Any]]:
+    """The events of the Horovod timeline at ``path``, on process :data:`HOROVOD_PID` with
+    wall-clock times as ringtrain's own spans; ``[]`` when the file is not one.
+
+    A Horovod timeline (ringtrain's ``hvd.start_timeline`` or Horovod's array form) counts
+    its ``ts`` from ``start_time_since_epoch_in_micros``; ringtrain's spans are wall-clock
+    microseconds, so the times are shifted by it and both line up.
+    """
+    doc = _read_trace(Path(path))
+    if isinstance(doc, dict):
+        events, meta = doc.get("traceEvents"), doc.get("metadata")
+        epoch = meta.get("start_time_since_epoch_in_micros") if isinstance(meta, dict) else None
+    elif isinstance(doc, list):  # Horovod's writer: the epoch is in its first event's args
+        events, epoch = doc, None
+        for e in doc[:1]:
+            args = e.get("args") if isinstance(e, dict) else None
+            if isinstance(args, dict):
+                epoch = args.get("start_time_since_epoch_in_micros")
+    else:
+        return []
+    if not isinstance(events, list) or not isinstance(epoch, (int, float)):
+        return []  # ringtrain's own trace, or not a trace
+    out: list[dict[str, Any]] = [
+        {"name": "process_name", "ph": "M", "pid": HOROVOD_PID, "tid": 0,
+         "args": {"name": "Horovod timeline"}},
+        {"name": "process_sort_index", "ph": "M", "pid": HOROVOD_PID, "tid": 0,
+         "args": {"sort_index": -1}},
+    ]
+    for e in events:
+        if not isinstance(e, dict) or e.get("name") in ("process_name", "process_sort_index"):
+            continue
+        moved = dict(e, pid=HOROVOD_PID)
+        # Horovod's own writer models each tensor as a process: keep them apart as threads.
+        moved.setdefault("tid", e.get("pid", 0))
+        ts, dur = e.get("ts"), e.get("dur")
+        if isinstance(ts, (int, float)):
+            # Whole microseconds, rounded before the (16-digit) epoch is added: a span
+            # that ends where the next begins still does after the shift.
+            moved["ts"] = round(ts) + int(epoch)
+            if isinstance(dur, (int, float)):
+                moved["dur"] = max(0, round(ts + dur) - round(ts))
+        out.append(moved)
+    return out
+
+
+def write_trace(path: Path, doc: dict[str, Any]) -> None:
+    """Write ``doc`` (a ringtrain trace) to ``path``, keeping the events of a Horovod
+    timeline already there (see :func:`horovod_events`)."""
+    kept = horovod_events(path)
+    if kept:
+        doc = dict(doc, traceEvents=[*doc["traceEvents"], *kept])
+    write_json_atomic(path, doc)
 
 
 def part_path(path: str | Path, rank: int, size: int) -> Path:
@@ -168,12 +248,16 @@ class TraceRecorder:
     def write(self, path: str | Path, size: int = 1) -> Path:
         """Write this rank's trace to its part of ``path``; returns the file written."""
         target = part_path(path, self.rank, size)
-        write_json_atomic(target, self.document(size))
+        if target == Path(path):  # one rank: its part is the trace the user opens
+            write_trace(target, self.document(size))
+        else:
+            write_json_atomic(target, self.document(size))
         return target
 
 
 def merge(parts: Iterable[str | Path], out: str | Path) -> Path:
-    """Merge per-rank traces into one file; parts that are missing or unreadable are skipped."""
+    """Merge per-rank traces into one file; parts that are missing or unreadable are
+    skipped, and a Horovod timeline at ``out`` is kept (see :func:`write_trace`)."""
     events: list[dict[str, Any]] = []
     ranks: list[int] = []
     for part in parts:
@@ -186,7 +270,7 @@ def merge(parts: Iterable[str | Path], out: str | Path) -> Path:
         if isinstance(rank, int):
             ranks.append(rank)
     target = Path(out)
-    write_json_atomic(target, {
+    write_trace(target, {
         "traceEvents": events,
         "displayTimeUnit": "ms",
         "otherData": {"producer": "ringtrain", "ranks": sorted(ranks)},
