@@ -239,6 +239,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._layout_checked = False
         self._skip_next_sync = False
         self._densified: set[int] = set()  # sparse gradients sent dense (sparse_as_dense)
+        # Exchanges of a step that load_state_dict dropped, by bucket: waited for before
+        # the bucket's buffer is packed again (see load_state_dict).
+        self._dropped: dict[int, tuple[Bucket, Any]] = {}
         # sync_at="step": what each launched bucket's members hold until the exchange is
         # finished (their local gradient, its version, the view to hand over then).
         self._handed: dict[int, list[tuple[int, torch.Tensor | None, int, torch.Tensor | None]]] = {}
@@ -456,6 +459,12 @@ class DistributedOptimizer(torch.optim.Optimizer):
             shared["sparse_as_dense"] = str(self._sparse_as_dense)
             sync.check_exchange(self._algorithm, tensors, shared,
                                 when="first step" if self._steps == 0 else "bucket layout change")
+        dropped = self._dropped.pop(id(bucket), None)
+        if dropped is not None:  # a step load_state_dict dropped: its exchange writes this buffer
+            try:
+                dropped[1].wait()
+            except Exception:  # noqa: BLE001 - its step is gone; this exchange reports a broken world
+                log.debug("%s: the dropped step's exchange failed", bucket.name, exc_info=True)
         members = bucket.spec.params
         grads = [self._dense_grad(i) for i in members]
         # sync_at="step": a `.grad` accumulated in place (zero_grad(set_to_none=False))
@@ -735,6 +744,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         first-step agreements (layout check, sparse parameters) again, as the ranks that
         just started do."""
         self._reset()
+        self._dropped.clear()  # the old world's exchanges: never waited for in the new one
         group_size = getattr(self._algorithm, "group_size", None)
         self._fusion.size = int(group_size()) if callable(group_size) else runtime.size()
         self._steps = 0
@@ -874,16 +884,18 @@ class DistributedOptimizer(torch.optim.Optimizer):
         """Load the wrapped optimizer's state; a step in progress is dropped, as Horovod's
         ``load_state_dict`` drops it: a rollback (``backward()``, then the saved state
         loaded, then ``zero_grad()``) starts the next step afresh, its accumulation
-        count too. Exchanges already launched finish first, so none writes into a
-        gradient afterwards; one that fails (a peer lost: the rollback of an elastic
-        job's restore) is let go, as the step is dropped anyway."""
+        count too.
+
+        Exchanges already launched are not waited for here, as Horovod does not wait
+        for them: the other ranks may never send theirs (rank 0 alone built the
+        checkpoint's state with a backward, Horovod's resume recipe), and waiting hung
+        it. Each is waited for before its bucket's buffer is packed again, so none
+        writes into the next step's exchange; one that fails then is let go with the
+        step it belonged to."""
         if any(self._passes) or self._synchronized:
             for bucket in self._fusion.buckets:
                 if bucket.handle is not None:
-                    try:
-                        self._fusion.wait(bucket)
-                    except Exception:  # noqa: BLE001 - see above; the next exchange reports a broken world
-                        log.debug("%s: dropped with the step", bucket.name, exc_info=True)
+                    self._dropped[id(bucket)] = (bucket, bucket.handle)
             self._reset(step_done=False)
         self._inner.load_state_dict(state_dict)
 
