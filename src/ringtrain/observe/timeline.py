@@ -31,14 +31,14 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from ringtrain.observe.meter import StepRecord
 
 __all__ = ["TraceRecorder", "part_path", "merge", "wait_and_merge", "write_json_atomic", "write_trace",
-           "horovod_events", "MERGE_WAIT_S", "HOROVOD_PID"]
+           "horovod_events", "live_writer", "MERGE_WAIT_S", "HOROVOD_PID"]
 
 #: Seconds rank 0 waits at exit for the other ranks' parts before merging what exists.
 MERGE_WAIT_S = 5.0
@@ -126,9 +126,32 @@ def horovod_events(path: str | Path) -> list[dict[str, Any]]:
     return out
 
 
+#: Horovod timelines this process is writing as it goes, by path: the function that ends
+#: each (see :func:`live_writer`).
+_live: dict[Path, Callable[[], object]] = {}
+
+
+def live_writer(path: str | Path, finish: Callable[[], object]) -> Callable[[], None]:
+    """Register a Horovod timeline being written to ``path`` (rank 0's, which appends each
+    event); returns the function that unregisters it. :func:`write_trace` to the same
+    path ends it first with ``finish()``: the file is then replaced by the merged one, and
+    events appended to the replaced file afterwards would be lost without a word."""
+    key = Path(path).resolve()
+    _live[key] = finish
+
+    def unregister() -> None:
+        if _live.get(key) is finish:
+            del _live[key]
+    return unregister
+
+
 def write_trace(path: Path, doc: dict[str, Any]) -> None:
     """Write ``doc`` (a ringtrain trace) to ``path``, keeping the events of a Horovod
-    timeline already there (see :func:`horovod_events`)."""
+    timeline already there (see :func:`horovod_events`); one this process is still
+    writing there is ended first (ringtrain's trace is written at exit)."""
+    finish = _live.pop(Path(path).resolve(), None)
+    if finish is not None:
+        finish()
     kept = horovod_events(path)
     if kept:
         doc = dict(doc, traceEvents=[*doc["traceEvents"], *kept])
