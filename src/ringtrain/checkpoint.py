@@ -5,9 +5,14 @@ of the payload (32 bytes), then the payload (``torch.save`` bytes). ``save`` wri
 temporary file in the same directory, fsyncs it and renames it over the target, so a
 reader sees the old file or the new one, never half of one. ``load`` checks length and
 checksum before unpickling, so a truncated or flipped byte is a clear error naming the
-file. In a multi-process job rank 0 writes (other ranks return at once) and rank 0
+file. Plain ``torch.load`` cannot read this format (it fails with an IndexError, as on
+any file that is not its own); :func:`read` is the one-process read, and a file
+``torch.save`` wrote is refused by :func:`load` with a line saying to use ``torch.load``.
+In a multi-process job rank 0 writes (other ranks return at once) and rank 0
 reads and broadcasts, so every rank ends with the same state even without a shared
-file system.
+file system. A rank that reads the file itself (:func:`read`, :func:`latest`) right
+after a :func:`save` must wait for rank 0 first (``rt.barrier()``): it may still find
+the previous file, never a half-written one.
 
 Sharded state (FSDP2 / DTensor parameters, pipeline stages that each hold part of the
 model) goes through ``torch.distributed.checkpoint`` instead: :func:`save_sharded`

@@ -17,6 +17,12 @@ srun       SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, SLURM_NODEID, SLURM_NNODES
 none       a 1-process world, so the same script runs without a launcher
 =========  =====================================================================
 
+A script that starts its own processes (``mp.spawn``) and calls
+``init_process_group(rank=rank, world_size=world_size)`` has no launcher variables:
+``rt.init()`` then takes its place from that group (:func:`from_group`, launcher
+``"script"``); without such a group, ``rt.init()`` refuses an environment that names a
+rendezvous but no rank in such a process (:func:`rendezvous_without_rank`).
+
 ringrun's variables with RANK / WORLD_SIZE of other values are read as torchrun's: the
 process is a worker of a torchrun (or other launcher) that ringrun started on each host.
 
@@ -41,7 +47,7 @@ from dataclasses import dataclass, field
 
 from ringtrain.errors import LaunchEnvError
 
-__all__ = ["LaunchEnv", "expand_slurm_nodelist", "parse_env"]
+__all__ = ["LaunchEnv", "expand_slurm_nodelist", "from_group", "parse_env", "rendezvous_without_rank"]
 
 # Ports derived from a job id fall in this range: above the ephemeral ports Linux hands
 # out by default (32768-60999) would collide with outgoing connections, so stay below.
@@ -53,7 +59,10 @@ _DERIVED_PORT_SPAN = 10000
 class LaunchEnv:
     """Who this process is in the job, as its launcher described it."""
 
-    launcher: str  # "ringrun" | "torchrun" | "mpirun" | "slurm" | "none"
+    #: "ringrun" | "torchrun" | "mpirun" | "slurm" | "none"; "script": no launcher, the
+    #: script's own ``torch.distributed`` group gave rank and size (``mp.spawn`` and
+    #: ``init_process_group(rank=, world_size=)``, see :func:`from_group`).
+    launcher: str
     rank: int
     size: int
     local_rank: int
@@ -99,7 +108,8 @@ class LaunchEnv:
             raise LaunchEnvError(
                 f"cross rank {self.cross_rank} is outside the cross size {self.cross_size} {where}"
             )
-        if self.size > 1 and self.master_port is None:
+        if self.size > 1 and self.master_port is None and self.launcher != "script":
+            # (the script's group has a store already; a file:// one has no port)
             raise LaunchEnvError(
                 f"a {self.size}-process world needs a rendezvous port {where}; set MASTER_PORT"
             )
@@ -290,6 +300,30 @@ def parse_env(env: Mapping[str, str]) -> LaunchEnv:
         version=_opt_int(env, "RINGTRAIN_WORLD_VERSION", 0) or 0,
         elastic_file=env.get("RINGTRAIN_ELASTIC_FILE", ""),
     )
+
+
+def rendezvous_without_rank(env: Mapping[str, str]) -> bool:
+    """``MASTER_ADDR`` / ``MASTER_PORT`` but no launcher's rank: what a script that starts
+    its own processes (``mp.spawn(main, nprocs=world_size)``, the DDP tutorials) sets
+    before ``init_process_group(rank=rank, world_size=world_size)``. Alone, such an
+    environment is a 1-process world in every process."""
+    named = bool(env.get("MASTER_ADDR", "").strip() or env.get("MASTER_PORT", "").strip())
+    return named and _dialect(env).launcher == "none"
+
+
+def from_group(env: LaunchEnv, rank: int, size: int, hosts: list[str],
+               store_addr: tuple[str, int] | None) -> LaunchEnv:
+    """The place of a process in a group the script started itself without a launcher:
+    ``rank`` and ``size`` from the group, local and cross ranks from the host name of
+    every rank (``hosts[r]``), hosts numbered in the order of their first rank."""
+    me = hosts[rank]
+    local = [r for r, h in enumerate(hosts) if h == me]
+    order = list(dict.fromkeys(hosts))
+    addr, port = store_addr if store_addr is not None else (env.master_addr, env.master_port)
+    return dataclasses.replace(
+        env, launcher="script", rank=rank, size=size, local_rank=local.index(rank),
+        local_size=len(local), cross_rank=order.index(me), cross_size=len(order),
+        master_addr=addr, master_port=port)
 
 
 def _relaunched(env: Mapping[str, str]) -> bool:

@@ -25,10 +25,15 @@ from __future__ import annotations
 import atexit
 import datetime
 import logging
+import multiprocessing
 import os
+import socket
 import sys
+import warnings
+import weakref
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -36,10 +41,10 @@ from torch.distributed import distributed_c10d as c10d
 
 from ringtrain import assignment, inflight
 from ringtrain import sever as sever_mod
-from ringtrain.env import LaunchEnv, parse_env
-from ringtrain.errors import ConfigError, LaunchEnvError, NotInitializedError
+from ringtrain.env import LaunchEnv, from_group, parse_env, rendezvous_without_rank
+from ringtrain.errors import ConfigError, LaunchEnvError, NotInitializedError, rank_list
 from ringtrain.runtime import backend
-from ringtrain.runtime.rendezvous import Rendezvous, await_everyone, wait_for_everyone_to_leave
+from ringtrain.runtime.rendezvous import Rendezvous, await_everyone, tcp_store_of, wait_for_everyone_to_leave
 from ringtrain.settings import Settings, load_settings
 
 __all__ = ["MEMBERSHIP", "Membership", "World"]
@@ -75,6 +80,9 @@ class Membership:
         #: and whether GLOO_SOCKET_IFNAME was set by join() (then each world picks its own).
         self._assigned: dict[str, str] = {}
         self._gloo_iface_ours = False
+        #: The script's own default group this world joined (weak: the script's
+        #: destroy_process_group() must free it, and its store with it).
+        self._script_group: weakref.ref[Any] | None = None
 
     # -- reads -----------------------------------------------------------------------------
 
@@ -94,17 +102,35 @@ class Membership:
         """Join the job described by the environment (laid over with the assigned world);
         a no-launcher run is a 1-process world. Joined already: the current world."""
         if self.world is not None:
-            return self.world
+            if not self._script_group_gone():
+                return self.world
+            # The script destroyed the group this world was joined to (a second phase of
+            # a job: destroy_process_group(), init_process_group(), rt.init()): what the
+            # layers above hold of it goes, and the process joins what is there now.
+            log.info("the process group rt.init() joined is gone (destroy_process_group()): joining anew")
+            self._run_hooks_leniently("re-init")
+            inflight.drain()
+            self._forget_world()
         cfg = load_settings(backend=backend_name, init_timeout=timeout)
-        env = parse_env({**os.environ, **self._assigned} if self._assigned else os.environ)
+        environ = {**os.environ, **self._assigned} if self._assigned else os.environ
+        env = parse_env(environ)
         backend.configure_logging(env, cfg)
         if not self._exit_guard_registered:
             # Registered first, so it runs last among the exit handlers (they run in reverse).
             atexit.register(self._exit_guard)
             self._exit_guard_registered = True
         if dist.is_initialized():
-            self.world, self.store = self._join_existing(env, cfg)
+            self.world, self.store = self._join_existing(env, cfg, backend_name)
             return self.world
+        if rendezvous_without_rank(environ) and multiprocessing.parent_process() is not None:
+            # mp.spawn(main, nprocs=world_size) with MASTER_ADDR/MASTER_PORT, as the DDP
+            # tutorials start their processes: no variable says which rank this is, so
+            # every process would train alone as rank 0 of 1.
+            raise LaunchEnvError(
+                "rt.init() in a process started by multiprocessing (mp.spawn?) finds MASTER_ADDR/"
+                "MASTER_PORT but no RANK/WORLD_SIZE, so it would be a 1-process world; set "
+                "os.environ['RANK'] and os.environ['WORLD_SIZE'] before rt.init(), or call "
+                "dist.init_process_group(backend, rank=rank, world_size=world_size) first")
         chosen = backend.choose_backend(cfg.backend, env)
         if chosen == "gloo":
             iface = backend.gloo_interface(env)
@@ -127,21 +153,47 @@ class Membership:
             self._acknowledge(env)
         return self.world
 
-    def _join_existing(self, env: LaunchEnv, cfg: Settings) -> tuple[World, dist.Store]:
+    def _join_existing(self, env: LaunchEnv, cfg: Settings,
+                       requested: str | None) -> tuple[World, dist.Store]:
         """The script called ``torch.distributed.init_process_group()`` itself (as scripts
-        written for torchrun do): use that group and its store instead of a second rendezvous."""
-        if (dist.get_rank(), dist.get_world_size()) != (env.rank, env.size):
+        written for torchrun do): use that group and its store instead of a second rendezvous.
+
+        Without a launcher (``mp.spawn`` and ``init_process_group(rank=, world_size=)``,
+        the DDP tutorials' pattern) the group says who this process is; the local ranks
+        come from the ranks' host names, exchanged through the group's store."""
+        rank, size = dist.get_rank(), dist.get_world_size()
+        if env.launcher != "none" and (rank, size) != (env.rank, env.size):
             raise LaunchEnvError(
-                f"torch.distributed was initialised as rank {dist.get_rank()} of "
-                f"{dist.get_world_size()}, but the launcher says rank {env.rank} of {env.size}; "
-                "call rt.init() before init_process_group(), or pass the launcher's RANK and WORLD_SIZE"
+                f"torch.distributed was initialised as rank {rank} of {size}, but the launcher "
+                f"({env.launcher}) says rank {env.rank} of {env.size}; call rt.init() before "
+                "init_process_group(), or pass the launcher's RANK and WORLD_SIZE"
             )
         store = self.rendezvous.joined_existing(env)
+        if env.launcher == "none" and size > 1:
+            env = parse_group(env, store, rank, size, cfg.init_timeout)
         dev = backend.pin_device(env)
         name = backend.existing_backend(str(dist.get_backend()), dist.get_backend_config(), dev)
+        if requested is not None and requested not in ("auto", name):
+            warnings.warn(f"rt.init(backend={requested!r}) has no effect: the script initialised "
+                          f"torch.distributed itself and ringtrain uses that group ({name}); pass the "
+                          "backend to init_process_group() instead", stacklevel=5)
+        self._script_group = weakref.ref(c10d._get_default_group())
         world = World(env=env, backend=name, device=dev, settings=cfg, owns_group=False)
         log.info("joined the existing %s group of %d (device %s)", name, env.size, dev)
         return world, store
+
+    def _script_group_gone(self) -> bool:
+        """Whether this world is on a group of the script's that is no longer its default
+        group (destroyed, or destroyed and made again)."""
+        if self._script_group is None:
+            return False
+        joined = self._script_group()
+        return joined is None or not dist.is_initialized() or joined is not c10d._get_default_group()
+
+    def _forget_world(self) -> None:
+        self.world = self.store = None
+        self._script_group = None
+        self.rendezvous.left_joined()
 
     @staticmethod
     def _acknowledge(env: LaunchEnv) -> None:
@@ -166,7 +218,7 @@ class Membership:
             return
         if self.broken is not None:
             # A peer is gone mid-exchange: tearing the groups down would wait for it.
-            self.world = self.store = None
+            self._forget_world()
             return
         for fn in list(self._hooks):
             fn()
@@ -175,7 +227,7 @@ class Membership:
             dist.destroy_process_group()  # a group the script made itself is the script's to end
         if w.owns_group and w.env.size > 1 and self.store is not None:
             wait_for_everyone_to_leave(self.store, w.env, w.settings)
-        self.world = self.store = None
+        self._forget_world()
 
     def abandon(self) -> None:
         """Leave the world without waiting for its peers (a resizable job re-forming after a
@@ -203,7 +255,7 @@ class Membership:
                     dist.destroy_process_group()
                 except Exception as exc:  # noqa: BLE001 - the world is gone whatever it raised
                     log.debug("abandon: destroying the groups failed (%s)", exc)
-        self.world = self.store = None
+        self._forget_world()
         self.broken = None
 
     def assign(self, overlay: Mapping[str, str]) -> None:
@@ -318,6 +370,25 @@ class Membership:
             except Exception:  # noqa: BLE001 - a closed stream: nothing more to write
                 pass
         os._exit(1)
+
+
+def parse_group(env: LaunchEnv, store: dist.Store, rank: int, size: int, timeout_s: float) -> LaunchEnv:
+    """This process's place in a group the script started without a launcher: every rank
+    publishes its host name in the group's store and reads the others' (every rank of
+    the group calls ``rt.init()``, as it called ``init_process_group()``)."""
+    store.set(f"host/{rank}", socket.gethostname())
+    keys = [f"host/{r}" for r in range(size)]
+    try:
+        store.wait(keys, datetime.timedelta(seconds=timeout_s))
+    except RuntimeError:
+        missing = [r for r, k in enumerate(keys) if not store.check([k])]
+        raise LaunchEnvError(
+            f"rank(s) {rank_list(missing)} of the script's process group did not call rt.init() "
+            f"within {timeout_s:g} s; call it on every rank (RINGTRAIN_INIT_TIMEOUT sets the wait)"
+        ) from None
+    hosts = [store.get(k).decode() for k in keys]
+    tcp = tcp_store_of(store)
+    return from_group(env, rank, size, hosts, (tcp.host, tcp.port) if tcp is not None else None)
 
 
 def _abort_all_groups() -> None:

@@ -18,6 +18,7 @@ import datetime
 import logging
 import socket
 import time
+from typing import Any, cast
 
 import torch.distributed as dist
 
@@ -27,7 +28,7 @@ from ringtrain.errors import LaunchEnvError, first_line, rank_list
 from ringtrain.settings import Settings
 from ringtrain.signing import Signer
 
-__all__ = ["Rendezvous", "await_everyone", "wait_for_everyone_to_leave"]
+__all__ = ["Rendezvous", "await_everyone", "tcp_store_of", "wait_for_everyone_to_leave"]
 
 log = logging.getLogger("ringtrain")
 
@@ -72,9 +73,14 @@ class Rendezvous:
         self._own_server: dist.TCPStore | None = None
         self.own_port: int | None = None
         self.spared: frozenset[int] = frozenset()
+        #: The store of the script's own group while joined to it, and how many times
+        #: this process joined such a group (each join has a prefix of its own).
+        self._joined_base: dist.Store | None = None
+        self._joined_count = 0
 
     def open(self, env: LaunchEnv, timeout: datetime.timedelta) -> dist.Store:
         """The store of the world ``env`` describes, under that world's prefix."""
+        self._joined_base = None
         resizable = bool(env.elastic_file)
         if resizable:
             self._serve_own(env, timeout)
@@ -95,16 +101,37 @@ class Rendezvous:
         return dist.PrefixStore(self.prefix, self._base[1])
 
     def joined_existing(self, env: LaunchEnv) -> dist.Store:
-        """The store of a process group the script started itself, under ringtrain's prefix."""
+        """The store of a process group the script started itself, under ringtrain's prefix.
+
+        A prefix per join: a later ``rt.init()`` on the same group (after
+        ``rt.shutdown()``) or on the script's next one must not read the keys of an
+        earlier world (its exchange group connected to the old Gloo addresses, "Connection
+        refused"). A TCP store is reached through a connection of ringtrain's own: holding
+        the script's store object kept rank 0's server listening after the script's
+        ``destroy_process_group()``, so its next ``init_process_group()`` could not bind
+        ``MASTER_PORT`` (or its ranks met in the old store).
+        """
         from torch.distributed.distributed_c10d import _get_default_store
 
-        self.prefix = f"ringtrain/{env.run_id}/{env.attempt}/joined/"
-        return dist.PrefixStore(self.prefix, _get_default_store())
+        base = _own_connection(_get_default_store())
+        self._joined_base = base
+        self._joined_count += 1
+        self.prefix = f"ringtrain/{env.run_id}/{env.attempt}/joined/{self._joined_count}/"
+        return dist.PrefixStore(self.prefix, base)
+
+    def left_joined(self) -> None:
+        """The world on the script's group is over: let go of its store (a file store the
+        script's group no longer uses is then removed as without ringtrain)."""
+        self._joined_base = None
 
     def connect(self, env: LaunchEnv, settings: Settings) -> dist.Store | None:
         """A new connection under the current prefix (None in a 1-process world without a
         store). For threads that block in ``store.wait``: one client connection
         serialises every call made on it."""
+        if self._joined_base is not None:  # the script's group: its store, wherever it is
+            if env.size == 1:
+                return None
+            return dist.PrefixStore(self.prefix, _own_connection(self._joined_base))
         if env.master_port is None or env.size == 1:
             return None
         timeout = datetime.timedelta(seconds=settings.init_timeout)
@@ -149,6 +176,22 @@ class Rendezvous:
         # Never severed (see Membership.sever): what existed before (the script's own
         # connections) and the server's connection to itself, made just now.
         self.spared = frozenset(before | set(sever.socket_inodes()))
+
+
+def tcp_store_of(store: dist.Store) -> dist.TCPStore | None:
+    """The TCP store under ``store``'s prefixes (None: a file or in-memory store)."""
+    while isinstance(store, dist.PrefixStore):
+        store = store.underlying_store
+    return store if isinstance(store, dist.TCPStore) else None
+
+
+def _own_connection(store: dist.Store) -> dist.Store:
+    """A new client connection to a TCP store, under the same prefixes (``clone()``, which
+    torch's type stubs lack); a file or in-memory store itself."""
+    if tcp_store_of(store) is None:
+        return store
+    clone: dist.Store = cast(Any, store).clone()
+    return clone
 
 
 def await_everyone(store: dist.Store, env: LaunchEnv, timeout_s: float) -> None:
