@@ -227,6 +227,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         )
         self._passes = [0] * len(params)
         self._next_launch = 0
+        self._joined = _world_ref()  # the world whose size the exchange averages over
         self.sync_at = sync_at
         self._complete = False  # a parameter reached backward_passes_per_step this step
         self._end_queued = False  # the end-of-backward callback of this pass is queued
@@ -376,6 +377,12 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
     def _on_grad_ready(self, index: int) -> None:
         with self._lock:
+            if not any(self._passes) and not self._synchronized and self._joined() is not _world_now():
+                # The first gradient of a step in another world than the last step's (a
+                # resizable job re-formed; rt.shutdown() then rt.init()): an optimizer no
+                # elastic state brought along (its model not in the state) averaged over
+                # the old size, silently, where Horovod reads the size at every step.
+                self.world_changed()
             if self._synchronized and self.sync_at == "backward" and not self._user_synchronized:
                 # Another backward before step() (accumulation without DDP's no_sync()):
                 # DDP exchanges it again, adding to the .grad that is already the
@@ -745,6 +752,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         just started do."""
         self._reset()
         self._dropped.clear()  # the old world's exchanges: never waited for in the new one
+        self._joined = _world_ref()
         group_size = getattr(self._algorithm, "group_size", None)
         self._fusion.size = int(group_size()) if callable(group_size) else runtime.size()
         self._steps = 0
@@ -1001,6 +1009,17 @@ def _owner(param: torch.Tensor) -> DistributedOptimizer | None:
 
 def _forget(key: int, _ref: Any) -> None:
     _OWNER.pop(key, None)
+
+
+def _world_now() -> Any:
+    """The world this process is in (None between two worlds of a resizable job)."""
+    return runtime.world() if runtime.is_initialized() else None
+
+
+def _world_ref() -> Callable[[], Any]:
+    """A weak reference to the current world (one that answers None when there is none)."""
+    now = _world_now()
+    return weakref.ref(now) if now is not None else lambda: None
 
 
 def _hook(owner: weakref.ref[DistributedOptimizer], index: int) -> Callable[[torch.Tensor], None]:

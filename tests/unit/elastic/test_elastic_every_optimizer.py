@@ -57,3 +57,24 @@ def test_a_resumable_brings_a_second_optimizer_of_its_model_to_the_new_world(
     state = Resumable(tmp_path, model=model, optimizer=inner)  # the wrapped one, not the wrapper
     state.sync()
     assert calls == [0]
+
+
+def test_an_optimizer_no_state_holds_averages_over_the_world_its_step_runs_in() -> None:
+    # An optimizer over a model that no elastic state holds is brought along by nothing
+    # but its own next step: built in a world of 3 (its exchange averaging over 3), it
+    # steps in a world of 1 after rt.shutdown() and rt.init() (as a survivor of a
+    # resizable job steps in the re-formed world), and must average over 1.
+    rt.init()
+    try:
+        model = torch.nn.Linear(3, 1)
+        opt = rt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                      named_parameters=model.named_parameters())
+        opt._fusion.size = 3  # the world it was built in had 3 ranks
+        rt.shutdown()
+        rt.init()
+        opt.zero_grad()
+        model(torch.ones(2, 3)).sum().backward()
+        assert model.weight.grad is not None
+        assert torch.equal(model.weight.grad, torch.full((1, 3), 2.0))  # not 2/3
+    finally:
+        rt.shutdown()
