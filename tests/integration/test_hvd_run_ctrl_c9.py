@@ -46,8 +46,11 @@ print(f"total {len(got)}", flush=True)
 """
 
 # The caller: hvd.run's driver on the stand-in; a KeyboardInterrupt ends it.
+# Python's own Ctrl-C handler, as in a terminal: a process started in the background by a
+# non-interactive shell (CI's runner) inherits SIGINT ignored, and Python then installs none.
 CALLER = r"""
-import importlib.util, os, sys
+import importlib.util, os, signal, sys
+signal.signal(signal.SIGINT, signal.default_int_handler)
 spec = importlib.util.spec_from_file_location("runner_alone", sys.argv[1])
 runner = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(runner)
