@@ -83,15 +83,28 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):  # type: ignor
     on rank 0 only, or started from different random initialisations, continues from one
     state everywhere. The optimizer is built first if ``fit`` has not built it yet.
     Broadcasting happens once per callback object (Horovod's behaviour).
+
+    Args:
+        root_rank: the rank whose variables every rank gets.
+        device: Horovod's; accepted, with no effect (the job's device is used).
+        local_variables: a variable or variables that stay per rank (Horovod's).
     """
 
-    def __init__(self, root_rank: int = 0) -> None:
+    def __init__(self, root_rank: int = 0, device: str = "", local_variables: Any = None) -> None:
         super().__init__()
         runtime.world()
         if not 0 <= root_rank < runtime.size():
             raise ConfigError(f"root_rank {root_rank} is outside the world of size {runtime.size()}")
         self.root_rank = root_rank
         self.broadcast_done = False
+        if local_variables is None:
+            local_variables = []
+        elif isinstance(local_variables, keras.Variable):
+            local_variables = [local_variables]
+        local_variables = list(local_variables)
+        if not all(isinstance(v, keras.Variable) for v in local_variables):
+            raise ConfigError("local_variables must be keras.Variable objects (or one of them)")
+        self._local_ids = {id(v) for v in local_variables}
 
     def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
         if self.broadcast_done:
@@ -102,7 +115,7 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):  # type: ignor
             if not optimizer.built:
                 optimizer.build(self.model.trainable_variables)
             variables += list(optimizer.variables)
-        broadcast_variables(variables, self.root_rank)
+        broadcast_variables([v for v in variables if id(v) not in self._local_ids], self.root_rank)
         self.broadcast_done = True
 
 
@@ -121,7 +134,11 @@ class MetricAverageCallback(keras.callbacks.Callback):  # type: ignore[misc,name
     epoch gives the numbers a single process would have reported (exactly so for
     metrics that are means over equally many samples per rank). One fused allreduce per
     epoch; ranks whose logs hold different keys get a ConfigError, not a hang.
+    ``device`` is Horovod's, accepted with no effect (the job's device is used).
     """
+
+    def __init__(self, device: str = "") -> None:
+        super().__init__()
 
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         if logs is None or runtime.size() == 1:

@@ -25,15 +25,16 @@ the plain Keras optimizer.
 
 from __future__ import annotations
 
+import functools
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 
 from ringtrain import runtime, sync
-from ringtrain.collectives import Average, ReduceOp
+from ringtrain.collectives import Average, Min, ReduceOp, allreduce_
 from ringtrain.compression import Compression, Compressor
 from ringtrain.errors import ConfigError
 from ringtrain.fusion import FusedExchange
@@ -326,6 +327,39 @@ def _torch_value(variable: Any) -> torch.Tensor:
     return value
 
 
+def _finite_on_every_rank(check_finite: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
+    """Keras' ``LossScaleOptimizer.check_finite``, made to agree across ranks when the
+    optimizer it wraps is distributed.
+
+    Under the ``mixed_float16`` policy ``compile`` wraps the given optimizer in a
+    ``LossScaleOptimizer``, which checks the *local* gradients and calls the inner
+    optimizer's ``apply`` (where the exchange is) only when they are finite. A rank
+    whose gradients overflowed alone then skipped an exchange the others made: they
+    stalled, or, when training went on, paired step t with step t+1 and diverged
+    (loss scales halved on one rank only). TensorFlow's wrapper, which Horovod relies
+    on, checks gradients already reduced across replicas, so every replica skips the
+    same steps; the flag's minimum over ranks gives that decision.
+    """
+
+    @functools.wraps(check_finite)
+    def check(self: Any, grads: Any) -> Any:
+        finite = check_finite(self, grads)
+        if not isinstance(getattr(self, "inner_optimizer", None), _DistributedMixin) \
+                or runtime.size() == 1:
+            return finite
+        flag = torch.tensor([1.0 if bool(finite) else 0.0], device=runtime.device())
+        allreduce_(flag, op=Min, name="keras.loss_scale.finite")
+        return keras.ops.convert_to_tensor(bool(flag.item() > 0))
+
+    check._ringtrain_agrees = True  # type: ignore[attr-defined]
+    return check
+
+
+_LossScale = keras.optimizers.LossScaleOptimizer
+if not getattr(_LossScale.check_finite, "_ringtrain_agrees", False):
+    _LossScale.check_finite = _finite_on_every_rank(_LossScale.check_finite)
+
+
 _CLASSES: dict[type, type] = {}
 
 
@@ -349,6 +383,13 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name, a factory returning th
     average_aggregated_gradients: bool = False,
     gradient_predivide_factor: float = 1.0,
     overlap: bool = True,
+    *,
+    name: str | None = None,
+    device_dense: str = "",
+    device_sparse: str = "",
+    sparse_as_dense: bool = False,
+    num_groups: int = 0,
+    groups: Any = None,
 ) -> Any:
     """Return a copy of the Keras ``optimizer`` that combines gradients across ranks.
 
@@ -366,6 +407,11 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name, a factory returning th
         overlap: start each bucket's exchange during backward, as its gradients become
             ready (from the second step on); False exchanges after backward, for a
             ``train_step`` that changes gradients in place before ``apply``.
+        name, device_dense, device_sparse, sparse_as_dense: Horovod's; accepted so its
+            scripts run, with nothing to do here (Keras' torch backend hands dense
+            gradients, and the exchange runs on the job's device).
+        num_groups, groups: Horovod's fusion groups; ringtrain fuses into ``fusion_mb``
+            buckets instead (a warning says so).
 
     Scale the learning rate by ``rt.size()`` yourself (``rt.scale_lr``), as with Horovod.
     """
@@ -380,6 +426,10 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name, a factory returning th
             "the optimizer is already built (it has state); wrap it in DistributedOptimizer "
             "before model.compile()/fit()"
         )
+    del name, device_dense, device_sparse, sparse_as_dense  # no effect on the torch backend
+    if num_groups or groups is not None:
+        warnings.warn("num_groups/groups have no effect here: ringtrain fuses gradients into "
+                      "buckets of fusion_mb (RINGTRAIN_FUSION_MB)", stacklevel=2)
     exchange = GradientExchange(compression, backward_passes_per_step, op, fusion_mb, strategy,
                                 average_aggregated_gradients, gradient_predivide_factor, overlap)
     wrapped = _distributed_class(type(optimizer)).from_config(optimizer.get_config())
