@@ -29,7 +29,8 @@ __all__ = ["ImageFolder", "IMAGE_EXTENSIONS"]
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 
 
-def _list_images(root: bytes, classes: list[bytes], exts: tuple[bytes, ...]
+def _list_images(root: bytes, classes: list[bytes], exts: tuple[bytes, ...],
+                 is_valid_file: Callable[[str], bool] | None = None
                  ) -> tuple[list[bytes], list[int]]:
     """The image files under each class folder as paths relative to ``root``, and how
     many each class has, in torchvision's ``make_dataset`` order: folders sorted by
@@ -61,8 +62,12 @@ def _list_images(root: bytes, classes: list[bytes], exts: tuple[bytes, ...]
                 raise DataError(f"cannot list {os.fsdecode(root + b'/' + prefix)}: "
                                 f"{err.strerror}; fix its permissions or move it out of "
                                 "the image folder") from None
-            folders.append((prefix[:-1], sorted(prefix + f for f in files
-                                                if f.lower().endswith(exts))))
+            if is_valid_file is None:
+                kept = [prefix + f for f in files if f.lower().endswith(exts)]
+            else:  # torchvision hands it the whole path, as a str
+                kept = [prefix + f for f in files
+                        if is_valid_file(os.fsdecode(root + b"/" + prefix + f))]
+            folders.append((prefix[:-1], sorted(kept)))
             pending += [prefix + d + b"/" for d in dirs]
         # UTF-8 bytes sort as the str paths torchvision sorts (code point order)
         folders.sort(key=lambda folder: folder[0])
@@ -83,37 +88,54 @@ class ImageFolder:
             JPEG decoder installed); ``False`` hands out the file's bytes.
         extensions: file name endings that count as images (case-insensitive); one
             ending may be given as a str.
+        is_valid_file: ``f(path) -> bool`` picks the files instead of ``extensions``
+            (as torchvision's; give one of the two).
+        allow_empty: keep class folders with no image (their index stays, with no
+            samples), as torchvision's ``allow_empty=True``; refused by default.
+
+    Attributes, as torchvision's: ``classes``, ``class_to_idx``, ``targets`` (one class
+    index per sample; also ``labels``, a numpy array), ``samples`` (``(path, index)``
+    pairs, built when asked for: the dataset itself keeps no string per file).
     """
 
     def __init__(self, root: str | os.PathLike[str],
                  transform: Callable[[Any], Any] | None = None, decode: bool = True,
-                 extensions: Sequence[str] = IMAGE_EXTENSIONS) -> None:
+                 extensions: Sequence[str] | None = None,
+                 is_valid_file: Callable[[str], bool] | None = None,
+                 allow_empty: bool = False) -> None:
         self.root = Path(root)
         if not self.root.is_dir():
             raise DataError(f"image folder {self.root} is not a directory")
         self.transform = transform
         self.decode = decode
+        if extensions is not None and is_valid_file is not None:
+            raise DataError("give ImageFolder extensions= or is_valid_file=, not both (as "
+                            "torchvision): is_valid_file alone decides which files count")
+        if extensions is None:
+            extensions = IMAGE_EXTENSIONS
         if isinstance(extensions, str):  # one ending, not its characters (".jpg" matched ".png")
             extensions = (extensions,)
         exts = tuple(e.lower() for e in extensions)
+        wanted = "that is_valid_file accepts" if is_valid_file is not None else \
+            f"({', '.join(exts)})"
         self.classes = sorted(e.name for e in os.scandir(self.root) if e.is_dir())
         if not self.classes:
             raise DataError(f"{self.root} has no class folders; put images in "
                             f"{self.root}/<class name>/")
+        self.class_to_idx = {c: i for i, c in enumerate(self.classes)}
         names, counts = _list_images(os.fsencode(self.root),
                                      [os.fsencode(c) for c in self.classes],
-                                     tuple(os.fsencode(e) for e in exts))
+                                     tuple(os.fsencode(e) for e in exts), is_valid_file)
         if not names:
-            raise DataError(f"no image files ({', '.join(exts)}) under {self.root}'s class "
-                            "folders")
+            raise DataError(f"no image files {wanted} under {self.root}'s class folders")
         # torchvision refuses a class folder with no images too: the class would keep its
         # index but never be seen, which a model sized by len(classes) cannot tell.
         empty = [c for c, n in zip(self.classes, counts, strict=True) if n == 0]
-        if empty:
+        if empty and not allow_empty:
             listed = ", ".join(empty[:5]) + (f" and {len(empty) - 5} more" if len(empty) > 5 else "")
             raise DataError(f"class folder(s) {listed} under {self.root} hold no image files "
-                            f"({', '.join(exts)}); remove them or pass extensions= that "
-                            "match their files")
+                            f"{wanted}; remove them, pass extensions= that match their "
+                            "files, or allow_empty=True to keep their indices")
         self._blob = b"".join(names)  # one object: its pages are shared, never written
         self._ends = np.cumsum(np.fromiter(map(len, names), dtype=np.int64, count=len(names)))
         self._starts = np.concatenate([[0], self._ends[:-1]])
@@ -122,6 +144,19 @@ class ImageFolder:
 
     def __len__(self) -> int:
         return len(self._ends)
+
+    @property
+    def targets(self) -> list[int]:
+        """The class index of every sample, in order (torchvision's ``targets``)."""
+        return self.labels.tolist()  # type: ignore[no-any-return]
+
+    @property
+    def samples(self) -> list[tuple[str, int]]:
+        """``(path, class index)`` of every sample (torchvision's ``samples``/``imgs``);
+        built on each access, so a worker that never asks holds no string per file."""
+        return [(str(self.path(i)), int(self.labels[i])) for i in range(len(self))]
+
+    imgs = samples
 
     def _raw_path(self, i: int) -> bytes:
         if not -len(self) <= i < len(self):

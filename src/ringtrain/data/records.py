@@ -19,7 +19,8 @@ copy-on-write growth of pytorch/pytorch#13246).
 Integrity: opening checks every file's header and size against the manifest, so a
 truncated shard is reported at once with the first record it lost; each record read
 is checked against its own crc32 (``check_records``); :meth:`RecordDataset.verify`
-checks every shard's crc32 and names the first bad record.
+checks every record's crc32 (the payload and the offsets that bound each record) and
+names the first bad record.
 """
 
 from __future__ import annotations
@@ -220,11 +221,24 @@ class _Shard:
                 "crc32 check: the shard is corrupt; rewrite it from the source")
         return data
 
-    def payload_crc(self) -> int:
-        crc, h, step = 0, _REC_HEADER.size, 1 << 24
-        for pos in range(h, h + self.nbytes, step):
-            crc = zlib.crc32(self._dmm[pos:min(pos + step, h + self.nbytes)], crc)
-        return crc
+    def first_bad_record(self) -> int | None:
+        """The first record whose bytes fail its own crc32, or None. Checking records
+        one by one, not the shard's crc32 alone, is what covers the index too: a damaged
+        offset moves a record's bounds (the shard's crc32 still passes) and those bytes
+        fail the record's checksum. 0.5 us a record more than one crc32 over the shard
+        (measured: 105 vs 24 ms for 200,000 records of 100 bytes, equal at 100 KB)."""
+        h, step = _REC_HEADER.size, 1 << 20  # records a chunk: bounded Python lists
+        payload = memoryview(self._dmm)[h:h + self.nbytes]
+        try:
+            for first in range(0, self.records, step):
+                off = self.offsets[first:first + step + 1].tolist()
+                crcs = self.crcs[first:first + step].tolist()
+                for k, crc in enumerate(crcs):
+                    if zlib.crc32(payload[off[k]:off[k + 1]]) != crc:
+                        return first + k
+        finally:
+            payload.release()  # the map must close later: no view of it may stay
+        return None
 
     def close(self) -> None:
         self.offsets = self.crcs = None  # type: ignore[assignment]
@@ -254,7 +268,7 @@ class RecordDataset:
         transform: applied to each record's bytes (e.g. decode a JPEG); it runs in the
             loader workers. Must be picklable for the ``spawn`` start method.
         verify: ``"quick"`` (headers and sizes, O(shards)), ``"full"`` (also every
-            shard's crc32, reads everything) or ``"none"``.
+            record's crc32, reads everything: a damaged index is found too) or ``"none"``.
         check_records: check each record's crc32 as it is read.
     """
 
@@ -340,17 +354,17 @@ class RecordDataset:
         return out
 
     def verify(self) -> None:
-        """Check every shard's crc32 and index; name the first bad file and record."""
+        """Check every record against its crc32 (so every byte of the payload, and the
+        index that bounds the records); name the first bad file and record."""
         for s, sh in enumerate(self._shards):
             off = sh.offsets
             if int(off[0]) != 0 or int(off[-1]) != sh.nbytes or bool(np.any(off[1:] < off[:-1])):
                 raise DataError(f"the index of {sh.data_path} has invalid offsets; rewrite it")
-            if sh.payload_crc() == sh.crc32:
-                continue
-            for j in range(sh.records):  # find the record: only on the failure path
+            j = sh.first_bad_record()
+            if j is not None:  # raises the read's error, which names the record
                 sh.read(self._starts[s] + j, j, int(off[j]), int(off[j + 1]), int(sh.crcs[j]))
-            raise DataError(f"shard {sh.data_path} fails its crc32 check but every record "
-                            "passes its own: the index is corrupt; rewrite the shard")
+                raise DataError(f"record {self._starts[s] + j} of {sh.data_path} fails its "
+                                "crc32 check; rewrite the shard")
 
     @property
     def num_shards(self) -> int:
