@@ -202,6 +202,10 @@ class Parallel:
         if events.active():
             events.emit("update", t0, t1)
             events.emit("step_end", t1, t1)
+        # One of the loop's stop points (ringtrain doctor --steps): nothing is in flight
+        # here, and a pipeline's later stages read no batches, so the loader's check
+        # never stopped them; the first stage left and the next stage's step broke.
+        events.check_stop()
 
     def _check_tensor_group_batches(self, inputs: Any, targets: Any) -> None:
         """A ConfigError on every rank unless each tensor group got one batch.

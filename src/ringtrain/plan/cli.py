@@ -160,7 +160,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--validate", action="store_true", help="print published results vs predictions")
     p.add_argument("--calibrate", action="store_true",
                    help="fit alpha and B of loopback Gloo and check a real 2- and 4-process step; "
-                        "run as the ranks of a job (ringrun, torchrun, srun), of the job's network")
+                        "started as the ranks of a job (ringrun, torchrun, srun), it fits the job's network")
     p.add_argument("--rtt-ms", type=float,
                    help="round trip between hosts in ms: every message pays it (a slow link's delay)")
     lc = p.add_argument_group("exchanging every H steps (--lowcomm)")
