@@ -1,15 +1,18 @@
-"""Small pieces the data tests share: a list as a map-style dataset, and a half batch
-collated and packed as a loader worker makes it."""
+"""Small pieces the data tests share: a list as a map-style dataset, a half batch
+collated and packed as a loader worker makes it, and a tar shard of numbered members."""
 
 from __future__ import annotations
 
+import io
+import tarfile
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from ringtrain.data.collate import Arena, StreamCollator, default_collate, pack
 
-__all__ = ["Items", "packed_half"]
+__all__ = ["Items", "packed_half", "tar_of"]
 
 
 class Items:
@@ -35,3 +38,14 @@ def packed_half(samples: list[Any], stream: bool = False) -> tuple[tuple, np.nda
             collator.put(i, s)
         return pack(collator.result(), arena), arena.buf
     return pack(default_collate(samples, arena.alloc, raw_numbers=True), arena), arena.buf
+
+
+def tar_of(path: Path, members: list[str], fmt: int = tarfile.DEFAULT_FORMAT) -> Path:
+    """A tar file at ``path`` whose member ``i`` is named ``members[i]`` and holds ``str(i)``."""
+    with tarfile.open(path, "w", format=fmt) as tf:
+        for i, name in enumerate(members):
+            data = str(i).encode()
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tf.addfile(info, io.BytesIO(data))
+    return path

@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 import torch
+from parallelhelp import token_batch, token_loss
 from ringtest import run_scenarios, run_world, scenario_results
 from torch import nn
 
@@ -36,14 +37,11 @@ def _model(norm: nn.Module | None = None) -> nn.Sequential:
                          nn.Linear(WIDTH, VOCAB))
 
 
-def _loss(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    return nn.functional.cross_entropy(out.reshape(-1, VOCAB), y.reshape(-1))
+_loss = token_loss
 
 
 def _batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
-    g = torch.Generator().manual_seed(step)
-    return (torch.randint(0, VOCAB, (BATCH, SEQ), generator=g),
-            torch.randint(0, VOCAB, (BATCH, SEQ), generator=g))
+    return token_batch(step, BATCH, SEQ, VOCAB)
 
 
 def _alone(norm: nn.Module | None = None) -> dict[str, Any]:

@@ -6,25 +6,17 @@ from __future__ import annotations
 
 import io
 import os
-import tarfile
 from pathlib import Path
 
 import numpy as np
 import pytest
+from datahelp import tar_of
 
 from ringtrain.data import ImageFolder, RecordDataset, RecordWriter, TarShards, decode_image
 from ringtrain.data.imagefolder import IMAGE_EXTENSIONS
 from ringtrain.errors import DataError
 
-
-def _tar(path: Path, members: list[str]) -> Path:
-    with tarfile.open(path, "w") as tf:
-        for i, name in enumerate(members):
-            data = str(i).encode()
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tf.addfile(info, io.BytesIO(data))
-    return path
+_tar = tar_of
 
 
 # ---- WebDataset tar shards -----------------------------------------------------------

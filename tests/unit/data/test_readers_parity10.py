@@ -5,24 +5,18 @@ torchvision's ``ImageFolder`` arguments and attributes."""
 
 from __future__ import annotations
 
-import io
 import tarfile
 from pathlib import Path
 
 import pytest
+from datahelp import tar_of
 
 from ringtrain.data import ImageFolder, RecordDataset, RecordWriter, TarShards
 from ringtrain.errors import DataError
 
 
 def _tar(path: Path, members: list[str], fmt: int = tarfile.GNU_FORMAT) -> Path:
-    with tarfile.open(path, "w", format=fmt) as tf:
-        for i, name in enumerate(members):
-            data = str(i).encode()
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tf.addfile(info, io.BytesIO(data))
-    return path
+    return tar_of(path, members, fmt)
 
 
 def _samples(path: Path) -> list[tuple[str, list[str]]]:
