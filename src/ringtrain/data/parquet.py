@@ -90,6 +90,7 @@ class ParquetDataset(Shards):
         self.cache = cache or ShardCache()
         self._groups: list[tuple[int, int]] = []  # shard -> (file, row group)
         names, sizes = [], []
+        first: tuple[str, list[str]] | None = None  # a file's columns, when all are read
         for f, path in enumerate(self.paths):
             try:
                 # The footer only: a remote file is not downloaded to count its rows.
@@ -98,6 +99,19 @@ class ParquetDataset(Shards):
             except (OSError, ValueError) as err:
                 raise DataError(f"cannot read Parquet file {path}: {err}") from None
             _check_columns(self.columns, meta.schema, path)
+            if self.columns is None:
+                mine = meta.schema.to_arrow_schema().names
+                if first is None:
+                    first = (path, mine)
+                elif sorted(mine) != sorted(first[1]):
+                    # Rows of different keys: the default collate takes a batch's first
+                    # row's keys, so a column that row lacks was dropped for the whole
+                    # batch, silently (or the batch failed, depending on the order).
+                    shared = [c for c in first[1] if c in mine]
+                    raise DataError(
+                        f"Parquet files {first[0]} and {path} have different columns "
+                        f"({first[1][:10]} and {mine[:10]}); pass columns= with the ones "
+                        f"every file has ({shared[:10]}), or give the files one schema")
             for g in range(meta.num_row_groups):
                 self._groups.append((f, g))
                 names.append(f"{path} row group {g}")

@@ -1,7 +1,7 @@
 """Readers audit 10: a damaged tar header, webdataset's metadata members and split of
 names that start with a dot, a field that would replace ``__key__``, and a record
 store whose index (not its payload) is damaged under ``verify="full"``, and
-torchvision's ``ImageFolder`` arguments and attributes."""
+torchvision's ``ImageFolder`` arguments and attributes; Parquet files of different columns."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from datahelp import tar_of
 
-from ringtrain.data import ImageFolder, RecordDataset, RecordWriter, TarShards
+from ringtrain.data import ImageFolder, ParquetDataset, RecordDataset, RecordWriter, TarShards
 from ringtrain.errors import DataError
 
 
@@ -100,3 +100,19 @@ def test_image_folder_has_torchvisions_arguments_and_attributes(tmp_path: Path) 
         ImageFolder(tmp_path, extensions=".png", is_valid_file=lambda p: True)
     with pytest.raises(DataError, match="emu under .* allow_empty=True"):
         ImageFolder(tmp_path)
+
+
+def test_parquet_files_with_different_columns_are_refused_unless_columns_are_named(tmp_path: Path) -> None:
+    # Their rows had different keys; the default collate takes a batch's first row's keys,
+    # so a column that row lacked was dropped for the whole batch without a word.
+    pa = pytest.importorskip("pyarrow", reason="needs the formats extra (pyarrow)")
+    pq = pytest.importorskip("pyarrow.parquet")
+    pq.write_table(pa.table({"x": [1, 2], "y": [3, 4]}), tmp_path / "a.parquet")
+    pq.write_table(pa.table({"y": [5, 6], "x": [7, 8], "z": [0, 0]}), tmp_path / "b.parquet")
+    pq.write_table(pa.table({"y": [9], "x": [10]}), tmp_path / "c.parquet")
+    with pytest.raises(DataError, match=r"different columns .*pass columns= with the ones every file has \(\['x', 'y'\]\)"):
+        ParquetDataset([str(tmp_path / "a.parquet"), str(tmp_path / "b.parquet")])
+    named = ParquetDataset([str(tmp_path / "a.parquet"), str(tmp_path / "b.parquet")], columns=["x", "y"])
+    assert [sorted(named[i]) for i in range(len(named))] == [["x", "y"]] * 4
+    same = ParquetDataset([str(tmp_path / "a.parquet"), str(tmp_path / "c.parquet")])  # order aside
+    assert [int(same[i]["x"]) for i in range(len(same))] == [1, 2, 10]
