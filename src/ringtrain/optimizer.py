@@ -377,7 +377,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
     def _on_grad_ready(self, index: int) -> None:
         with self._lock:
-            if not any(self._passes) and not self._synchronized and self._joined() is not _world_now():
+            # (the world's identity first: any() scans every parameter, once per hook)
+            if self._joined() is not _world_now() and not any(self._passes) and not self._synchronized:
                 # The first gradient of a step in another world than the last step's (a
                 # resizable job re-formed; rt.shutdown() then rt.init()): an optimizer no
                 # elastic state brought along (its model not in the state) averaged over
