@@ -196,6 +196,10 @@ def _from_torchrun(env: Mapping[str, str]) -> LaunchEnv:
     if local_rank is None:
         local_rank = rank % local_size
     cross_rank, cross_size = _cross(rank, size, local_size, _opt_int(env, "GROUP_RANK", None))
+    # torchrun names the node count itself; the ceiling of size / local size is wrong on
+    # nodes with different process counts (nodes of 1 and 2: 3 on the first node, 2 on
+    # the second, and rank 0 outside any real cross group).
+    cross_size = _opt_int(env, "GROUP_WORLD_SIZE", None) or cross_size
     port = _opt_int(env, "MASTER_PORT", None)
     if size > 1 and port is None:
         raise LaunchEnvError(

@@ -203,18 +203,34 @@ def local_size() -> int:
     return int(_env().local_size)
 
 
+def _cross() -> list[int]:
+    # Horovod's cross communicator joins the ranks with this rank's local rank, one per
+    # host, in rank order (its Gloo launcher's HOROVOD_CROSS_RANK, MPI_Comm_split by
+    # local rank). On hosts with different rank counts it is not every host: with hosts
+    # a:2, b:1, local rank 1 is on a only, so its cross size is 1; the launch
+    # environment's cross rank/size (a host's index, the number of hosts) said 2 there.
+    eng, me = engine(), rank()
+    mine = eng.places[me][0]
+    return [r for r, (local, _) in enumerate(eng.places) if local == mine]
+
+
 def cross_rank() -> int:
-    return int(_env().cross_rank)
+    """This rank's index among the ranks with its local rank (one per host)."""
+    return _cross().index(rank())
 
 
 def cross_size() -> int:
-    return int(_env().cross_size)
+    """How many hosts run a rank with this rank's local rank."""
+    return len(_cross())
 
 
 def is_homogeneous() -> bool:
-    """Whether every host runs the same number of ranks."""
-    env = _env()
-    return bool(env.local_size * env.cross_size == env.size)
+    """Whether every host runs the same number of ranks (the same answer on every rank,
+    from every rank's local size, as Horovod's controllers compute it; local size times
+    the number of hosts equal to the job's size said True on some ranks of hosts
+    a:1, b:2, c:3)."""
+    sizes = {local_size for _, local_size in engine().places}
+    return len(sizes) == 1
 
 
 def mpi_built() -> bool:

@@ -29,3 +29,12 @@ def test_ringruns_own_ranks_stay_ringruns() -> None:
     env = parse_env({**RINGRUN_HOST_1, "RANK": "1", "WORLD_SIZE": " 2"})
     assert env.launcher == "ringrun" and (env.rank, env.size) == (1, 2)
     assert parse_env(RINGRUN_HOST_1).launcher == "ringrun"
+
+
+def test_torchruns_node_count_on_uneven_nodes() -> None:
+    # Nodes of 1 and 2 processes: torchrun's GROUP_WORLD_SIZE is 2 on both; the ceiling of
+    # WORLD_SIZE / LOCAL_WORLD_SIZE said 3 on the first node's rank.
+    first = {"RANK": "0", "WORLD_SIZE": "3", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1", "GROUP_RANK": "0",
+             "GROUP_WORLD_SIZE": "2", "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29400"}
+    second = {**first, "RANK": "2", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2", "GROUP_RANK": "1"}
+    assert [(e.cross_rank, e.cross_size) for e in map(parse_env, (first, second))] == [(0, 2), (1, 2)]

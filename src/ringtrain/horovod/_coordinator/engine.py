@@ -68,6 +68,17 @@ class NegotiationError(CollectiveError):
     recoverable = False
 
 
+def _gather_places(size: int, group: Any) -> list[tuple[int, int]]:
+    """Every rank's (local rank, local size) in this world (its launch environment's)."""
+    if size == 1:
+        return [(0, 1)]
+    env = runtime.world().env
+    mine = torch.tensor([env.local_rank, env.local_size], dtype=torch.int64)
+    parts = [torch.empty(2, dtype=torch.int64) for _ in range(size)]
+    dist.all_gather(parts, mine, group=group)
+    return [(int(p[0]), int(p[1])) for p in parts]
+
+
 class PendingOp:
     """One submitted operation; :meth:`wait` returns its result or raises its error."""
 
@@ -150,6 +161,10 @@ class Engine:
         control = dist.new_group(backend="gloo")
         cuda = dist.new_group(backend=cuda_backend) if cuda_backend else None
         self.control = control
+        #: Every rank's (local rank, local size), by rank, gathered once here (before the
+        #: cycle thread uses the control group): Horovod's cross communicator and
+        #: is_homogeneous come from them, as its controllers gather them at init.
+        self.places = _gather_places(size, control)
         self.sets: dict[int, tuple[ProcessSet, Group]] = {}
         self.global_set = ProcessSet(range(size))
         self.global_set._bind(0, list(range(size)), rank, None)

@@ -37,10 +37,14 @@ class ProcessSet:
         return len(self.ranks)
 
     def rank(self) -> int:
-        """This process's rank within the set (-1 when it is not a member)."""
+        """This process's rank within the set; a ValueError when it is not a member, as
+        Horovod's (-1 here was taken as an index, ``shards[ps.rank()]`` the last shard)."""
         self._check_registered()
         assert self.ranks is not None
-        return self.ranks.index(self._world_rank) if self._world_rank in self.ranks else -1
+        if self._world_rank not in self.ranks:
+            raise ConfigError(f"rank {self._world_rank} is not part of {self!r}: it has no rank in it; "
+                              "check ps.included() first")
+        return self.ranks.index(self._world_rank)
 
     def included(self) -> bool:
         self._check_registered()
