@@ -23,20 +23,31 @@ def _layout(tensors: list[torch.Tensor]) -> list[tuple[str, tuple[int, ...]]]:
     return [(str(t.dtype).replace("torch.", ""), tuple(t.shape)) for t in tensors]
 
 
-def _check_layout(tensors: list[torch.Tensor], root_rank: int, name: str) -> None:
+def _check_layout(tensors: list[torch.Tensor], root_rank: int, name: str, problem: str | None = None) -> None:
     """Every rank passes tensors of the same shapes and dtypes, in the same order, or
     every rank raises the same MismatchError before any tensor is overwritten.
 
     The fused buffers only compare their total lengths: a (3, 2) tensor where the root
     has (2, 3), or two tensors of one dtype in another order, took the root's values
     reshaped or swapped, silently (Horovod, broadcasting each tensor by name, refuses
-    the first). One small allreduce of a digest of the layout."""
+    the first). One small allreduce of a digest of the layout, which also carries
+    whether some rank refuses what it was given (``problem``): then every rank raises
+    that ValueError, and none waits for a broadcast that rank will not join."""
     if runtime.size() == 1:
+        if problem is not None:
+            raise ValueError(problem)
         return
     layout = _layout(tensors)
     code = int.from_bytes(hashlib.sha1(repr(layout).encode(), usedforsecurity=False).digest()[:7], "big")
-    bounds = torch.tensor([code, -code], dtype=torch.int64)
+    bounds = torch.tensor([code, -code, int(problem is not None)], dtype=torch.int64)
     allreduce_(bounds, op=Max, name=f"{name} (layout check)")
+    if int(bounds[2]):
+        # Every rank saw that one refuses: gathering the reasons to name it is safe.
+        problems = allgather_object(problem, name=f"{name} (refusals)")
+        if problem is not None:
+            raise ValueError(problem)
+        rank = next(r for r, p in enumerate(problems) if p is not None)
+        raise ValueError(f"broadcast of {name}: rank {rank} refused it: {problems[rank]}")
     if int(bounds[0]) == -int(bounds[1]):
         return
     # Every rank saw the mismatch: gathering the layouts to name it is safe.
@@ -60,7 +71,11 @@ def _check_layout(tensors: list[torch.Tensor], root_rank: int, name: str) -> Non
 def broadcast_tensors_(tensors: list[torch.Tensor], root_rank: int = 0, name: str = "tensors") -> None:
     """Broadcast ``tensors`` in place, fused by (dtype, device); the ranks' shapes and
     dtypes are compared first (see :func:`_check_layout`)."""
-    _check_layout(tensors, root_rank, name)
+    _broadcast(tensors, root_rank, name, None)
+
+
+def _broadcast(tensors: list[torch.Tensor], root_rank: int, name: str, problem: str | None) -> None:
+    _check_layout(tensors, root_rank, name, problem)
     groups: dict[tuple[torch.dtype, torch.device], list[torch.Tensor]] = {}
     for t in tensors:
         groups.setdefault((t.dtype, t.device), []).append(t)
@@ -80,18 +95,40 @@ def broadcast_parameters(
     root_rank: int = 0,
 ) -> None:
     """Overwrite the given tensors with root's values: a ``state_dict()``, ``named_parameters()``
-    or a list of tensors."""
+    or a list of tensors.
+
+    Anything else is a ValueError on every rank before any tensor is overwritten, as
+    Horovod refuses it: a module (an ``nn.Sequential`` iterates over its layers, so it
+    broadcast nothing and each rank kept its own initial weights), or an entry that is
+    not a tensor (an epoch count in a dict: each rank kept its own, silently)."""
     runtime.world()
-    # A mapping is taken in the order of its names, as Horovod does: a state_dict whose
-    # modules were registered in another order on some rank (built from a set, whose
-    # order changes with each process's hash seed) still pairs each tensor with its own.
-    items = sorted(params.items(), key=lambda kv: str(kv[0])) if isinstance(params, Mapping) else params
+    problem: str | None = None
+    items: Iterable[Any]
+    if isinstance(params, torch.nn.Module):
+        items = []
+        problem = (f"broadcast_parameters takes a state_dict(), named_parameters() or a list of tensors, "
+                   f"not a module ({type(params).__name__}); pass model.state_dict(), which has its "
+                   "parameters and buffers (BatchNorm's running statistics)")
+    elif isinstance(params, Mapping):
+        # In the order of the names, as Horovod does: a state_dict whose modules were
+        # registered in another order on some rank (built from a set, whose order
+        # changes with each process's hash seed) still pairs each tensor with its own.
+        items = sorted(params.items(), key=lambda kv: str(kv[0]))
+    elif isinstance(params, Iterable):
+        items = params
+    else:
+        items = []
+        problem = (f"broadcast_parameters takes a state_dict(), named_parameters() or a list of tensors, "
+                   f"not {type(params).__name__}")
     tensors: list[torch.Tensor] = []
-    for item in items:
-        t = item[1] if isinstance(item, tuple) else item
+    for i, item in enumerate(items):
+        label, t = (repr(item[0]), item[1]) if isinstance(item, tuple) and len(item) == 2 else (f"entry {i}", item)
         if isinstance(t, torch.Tensor):
             tensors.append(t)
-    broadcast_tensors_(tensors, root_rank, "parameters")
+        elif problem is None:
+            problem = (f"broadcast_parameters overwrites tensors in place, and {label} is of type "
+                       f"{type(t).__name__}, not a tensor; broadcast it with rt.broadcast_object, or leave it out")
+    _broadcast(tensors, root_rank, "parameters", problem)
 
 
 def _split_tensors(obj: Any, out: list[torch.Tensor]) -> Any:

@@ -17,7 +17,7 @@ from ringtrain import replicate
 from ringtrain.horovod import ops
 from ringtrain.horovod._coordinator import ProcessSet
 from ringtrain.horovod.autograd import allgather, broadcast_
-from ringtrain.horovod.basics import global_process_set, rank
+from ringtrain.horovod.basics import engine, global_process_set, rank
 from ringtrain.horovod.handles import set_id, synchronize, unique_name
 
 __all__ = ["allgather_object", "broadcast_object", "broadcast_optimizer_state", "broadcast_parameters"]
@@ -83,6 +83,7 @@ def _dumps(obj: Any) -> bytes:
 def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None,
                      process_set: ProcessSet = global_process_set) -> Any:
     """The root's ``obj`` on every member (pickled, sent as bytes)."""
+    engine()  # before hvd.init(): Horovod's "not initialized" error, not the set's
     base = name if name is not None else unique_name("object", None, set_id(process_set))
     if rank() == root_rank:
         size = torch.zeros(1, dtype=torch.int64)
@@ -110,6 +111,7 @@ def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None,
 def allgather_object(obj: Any, name: str | None = None,
                      process_set: ProcessSet = global_process_set) -> list[Any]:
     """Every member's ``obj``, in rank order."""
+    engine()  # before hvd.init(): Horovod's "not initialized" error, not the set's
     base = name if name is not None else unique_name("object_gather", None, set_id(process_set))
     try:
         payload = _dumps(obj)
@@ -142,6 +144,7 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int, 
     (:func:`ringtrain.replicate.broadcast_optimizer_state`), through the wrapped
     optimizer, so a DistributedOptimizer keeps sharing it.
     """
+    engine()  # before hvd.init(): Horovod's "not initialized" error
     if isinstance(optimizer, torch.optim.LBFGS):
         raise ValueError("cannot broadcast torch.optim.LBFGS state")
     from ringtrain.horovod.optimizer import _AdasumOptimizer

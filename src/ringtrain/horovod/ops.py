@@ -181,6 +181,9 @@ def _check_usable(metas: Sequence[Meta], tensors: Sequence[torch.Tensor], in_pla
 def _set_for(process_set: Any) -> int:
     """``process_set``'s id, or the one a call on it is refused in (:func:`_refusal_set`);
     its error when there is none."""
+    # Before hvd.init() the global set is unregistered too: Horovod's "not initialized"
+    # error names the fix, the set's would point at hvd.add_process_set().
+    engine()
     sid = _refusal_set(process_set)
     return set_id(process_set) if sid is None else sid
 

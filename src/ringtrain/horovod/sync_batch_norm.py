@@ -13,6 +13,11 @@ as torch's CPU BatchNorm does; a batch of one value per channel over every rank 
 torch's ValueError (on every rank), and an empty one leaves the running statistics as
 they are. A rank that has ``join()``-ed contributes zeros to the sums, so the others'
 statistics are those of their batches alone.
+
+It also serves a ringtrain-native script (``rt.init()`` without ``hvd.init()``): a DDP
+script on CPUs, where ``torch.nn.SyncBatchNorm`` refuses CPU tensors, converts its model
+with :meth:`SyncBatchNorm.convert_sync_batchnorm` and trains with
+``rt.DistributedOptimizer``.
 """
 
 from __future__ import annotations
@@ -23,14 +28,23 @@ import torch
 from torch.autograd.function import once_differentiable
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from ringtrain.horovod import ops
+from ringtrain import collectives, runtime
+from ringtrain.horovod import basics, ops
 from ringtrain.horovod.handles import Sum, synchronize
 
 __all__ = ["SyncBatchNorm"]
 
 
-def _sum_over_ranks(t: torch.Tensor) -> torch.Tensor:
-    return synchronize(ops.allreduce_async(t, op=Sum))  # type: ignore[no-any-return]
+def _sum_over_ranks(t: torch.Tensor, what: str) -> torch.Tensor:
+    if basics.is_initialized():
+        return synchronize(ops.allreduce_async(t, op=Sum))  # type: ignore[no-any-return]
+    if runtime.is_initialized():
+        # A ringtrain-native script (rt.init(), rt.DistributedOptimizer) porting DDP's
+        # SyncBatchNorm to the CPU, where torch's refuses CPU tensors: the job's own
+        # allreduce (it failed on an unregistered process set, pointing at hvd.init()).
+        return collectives.allreduce(t, op=collectives.Sum, name=f"SyncBatchNorm {what}")
+    basics.engine()  # Horovod's ValueError: "Horovod has not been initialized; use hvd.init()."
+    raise AssertionError("unreachable")
 
 
 def _channels_last(x: torch.Tensor) -> torch.Tensor:
@@ -56,7 +70,7 @@ class _SyncBN(torch.autograd.Function):
         flat = _channels_last(x)
         local = torch.cat([torch.tensor([flat.shape[0]], dtype=torch.float64, device=x.device),
                            flat.sum(0, dtype=torch.float64), flat.double().square().sum(0)])
-        total = _sum_over_ranks(local)
+        total = _sum_over_ranks(local, "statistics")
         c = x.shape[1]
         count = float(total[0])
         if count == 1:
@@ -99,7 +113,7 @@ class _SyncBN(torch.autograd.Function):
         # every input gradient came back NaN.
         local = torch.cat([_channels_last(dxhat).sum(0, dtype=torch.float64),
                            _channels_last(dxhat * xhat).sum(0, dtype=torch.float64)])
-        total = (_sum_over_ranks(local) / max(ctx.count, 1.0)).to(acc)
+        total = (_sum_over_ranks(local, "gradient sums") / max(ctx.count, 1.0)).to(acc)
         mean_dxhat, mean_dxhat_xhat = total[:c], total[c:]
         dx = ((dxhat - _shape(mean_dxhat, dy) - xhat * _shape(mean_dxhat_xhat, dy)) * _shape(invstd, dy)).to(dy.dtype)
         dw = (_channels_last(dy_acc * xhat).sum(0, dtype=torch.float64).to(weight.dtype)
@@ -137,3 +151,27 @@ class SyncBatchNorm(_BatchNorm):
                 self.running_mean.mul_(1 - momentum).add_(mean.to(self.running_mean.dtype) * momentum)
                 self.running_var.mul_(1 - momentum).add_(unbiased.to(self.running_var.dtype) * momentum)
         return out  # type: ignore[no-any-return]
+
+    @classmethod
+    def convert_sync_batchnorm(cls, module: torch.nn.Module, process_group: Any = None) -> torch.nn.Module:
+        """Every ``BatchNorm*d`` in ``module`` replaced by this class, as
+        ``torch.nn.SyncBatchNorm.convert_sync_batchnorm`` does (Horovod has none): a
+        DDP script's conversion, whose torch ``SyncBatchNorm`` refuses CPU tensors. The
+        new layers share the old ones' weight, bias and running statistics."""
+        if process_group is not None:
+            raise ValueError("hvd.SyncBatchNorm synchronises over the whole job: convert_sync_batchnorm "
+                             "takes no process_group; leave it out")
+        out = module
+        if isinstance(module, _BatchNorm):
+            out = cls(module.num_features, module.eps, module.momentum, module.affine, module.track_running_stats)
+            if module.affine:
+                out.weight, out.bias = module.weight, module.bias
+            out.running_mean = module.running_mean
+            out.running_var = module.running_var
+            out.num_batches_tracked = module.num_batches_tracked
+            out.training = module.training
+            if hasattr(module, "qconfig"):
+                out.qconfig = module.qconfig
+        for name, child in module.named_children():
+            out.add_module(name, cls.convert_sync_batchnorm(child))
+        return out
