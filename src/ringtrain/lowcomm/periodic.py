@@ -35,9 +35,9 @@ import torch
 
 from ringtrain import claims, collectives, events, replicate, runtime, sync
 from ringtrain.agreement.signature import strategy_settings
-from ringtrain.collectives import Average
+from ringtrain.collectives import Average, Handle, Max
 from ringtrain.compression import Compression, Compressor
-from ringtrain.errors import ConfigError, OptimizerUsageError
+from ringtrain.errors import ConfigError, MismatchError, OptimizerUsageError
 from ringtrain.fusion import Bucket, FusedExchange
 from ringtrain.lowcomm import checks, fragments
 from ringtrain.optimizer import owner_of
@@ -174,6 +174,11 @@ class PeriodicSync:
                     f"data and the replicas would drift apart. After a sync, del this rt.{self.mode} "
                     "and build it again with the parameter unfrozen (or build it with every parameter "
                     "that will train requiring a gradient)")
+        due = fragments.due(self.steps + 1, self.sync_every, self.fragments)
+        # The step-count check of this step's sync goes out before the local update, so
+        # its round trip (one on a slow link) overlaps the update instead of adding to
+        # the sync.
+        check = self._launch_step_check(self.steps + 1) if due else None
         t0 = time.perf_counter()
         result = None
         try:
@@ -186,8 +191,9 @@ class PeriodicSync:
         # same on every rank, whichever rank's gradients overflowed.
         self.steps += 1
         self._clean.clear()
-        for f in fragments.due(self.steps, self.sync_every, self.fragments):
-            self._sync(f)
+        for f in due:
+            self._sync(f, check)
+            check = None  # one check covers every fragment of the step
             self._clean.add(f)
         if events.active():
             now = time.perf_counter()
@@ -203,10 +209,12 @@ class PeriodicSync:
             self._agree()
         if self._copy is None:
             self._take_start()
+        check = self._launch_step_check(self.steps)
         for f in range(self.fragments):
             # A fragment synced at this step already holds the synced copy on every rank:
             # it is averaged again (buffers included) but takes no second outer step.
-            self._sync(f, outer=f not in self._clean)
+            self._sync(f, check, outer=f not in self._clean)
+            check = None
         self._clean = set(range(self.fragments))
 
     def _scaled_step_ok(self) -> bool:
@@ -267,7 +275,7 @@ class PeriodicSync:
 
     # -- the sync -----------------------------------------------------------------------
 
-    def _sync(self, f: int, outer: bool = True) -> None:
+    def _sync(self, f: int, check: tuple[torch.Tensor, Handle] | None, outer: bool = True) -> None:
         """Average fragment ``f``'s outer gradient over the ranks and apply it (``outer``
         False: as the average of the ranks' parameters, with no outer step)."""
         assert self._copy is not None
@@ -296,6 +304,7 @@ class PeriodicSync:
         t_wait = time.perf_counter()
         if events.active():
             events.emit("exchange_wait", t0, t_wait)
+        self._check_steps(check)
         self._check_finite(part, averaged)
         self._apply(part, averaged, outer)
         with torch.no_grad():
@@ -306,6 +315,35 @@ class PeriodicSync:
             events.emit("update", t_wait, t_end)
         self.last_sync_s = t_end - t0
         self.syncs += 1
+
+    def _launch_step_check(self, steps: int) -> tuple[torch.Tensor, Handle] | None:
+        """Start the exchange of the step count ``steps`` a sync is at (the max of
+        ``[steps, -steps]``: the highest and the lowest of any rank; 16 bytes); None alone."""
+        if runtime.size() == 1:
+            return None
+        counts = torch.tensor([steps, -steps], dtype=torch.int64, device=self._params[0].device)
+        return counts, self._strategy(counts, Max, f"rt.{self.mode} step check")
+
+    def _check_steps(self, launched: tuple[torch.Tensor, Handle] | None) -> None:
+        """Every rank must reach a sync after the same number of steps. A rank that
+        stepped more or fewer times (uneven batches per rank, a skipped or an extra
+        step, sync() called on some ranks only) pairs its exchange with another round of
+        the others: the average would silently mix rounds, and the job would hang or
+        stall at its end. Every rank of the exchange holds the same extremes, so every
+        one raises the same error, after the exchange (none is left waiting), before the
+        parameters change."""
+        if launched is None:
+            return
+        counts, handle = launched
+        handle.wait()
+        high, low = int(counts[0]), -int(counts[1])
+        if high != low:
+            raise MismatchError(
+                f"rt.{self.mode}: the ranks reached this sync after different numbers of steps "
+                f"(from {low} to {high}; this rank: {self.steps}), so it would average different "
+                "rounds. The parameters were left as they were. Every rank must call step() "
+                "equally often (the same number of batches per rank: rt.data.Loader or "
+                "DistributedSampler) and sync() on every rank at the same step")
 
     def _outer_gradients(self, ex: FusedExchange, bucket: Bucket, part: list[int]) -> list[torch.Tensor]:
         """Synced copy minus parameters, for the bucket's members; written straight into
