@@ -319,6 +319,9 @@ def _elastic(args: argparse.Namespace, where: _Where, warnings: list[str]) -> El
         raise ConfigError("--min-np M is needed for a resizable job (the fewest ranks it may go on with)")
     slots = sum(h.slots for h in where.hosts)
     max_np = args.max_np if args.max_np is not None else (UNLIMITED_NP if script else slots)
+    if not script and max_np > slots and args.like_horovod:
+        # Horovod's --max-np is a cap: with fixed hosts its job runs on the slots there are.
+        max_np = slots
     if not script and max_np > slots:
         raise ConfigError(f"--max-np {max_np} is more than the {slots} slots of the hosts listed; "
                           "lower it, or add hosts (or use --host-discovery-script)")

@@ -44,6 +44,7 @@ from ringtrain.errors import ConfigError, RingtrainError
 from ringtrain.launch import cli
 from ringtrain.launch.horovod_config import config_values, env_values, read_config
 from ringtrain.launch.horovod_flags import FLAGS, Flag, by_dest
+from ringtrain.launch.hosts import TooFewSlots
 from ringtrain.launch.start import run_job
 from ringtrain.settings import flag_specs
 
@@ -379,6 +380,13 @@ def main(argv: list[str] | None = None) -> int:
         for warning in cli.launch_warnings(cfg):
             print(f"horovodrun: warning: {warning}", file=sys.stderr)
         return run_job(cfg)
+    except TooFewSlots as exc:
+        # ringrun's advice names its --oversubscribe, which horovodrun (as Horovod's, whose
+        # launcher refuses more ranks than slots too) does not accept.
+        print(f"horovodrun: error: -np {exc.np} is more than the {exc.total} slots of {exc.listed}; "
+              "lower -np, or give the hosts more slots (-H host:N, or 'host slots=N' lines "
+              "in --hostfile)", file=sys.stderr)
+        return 2
     except ConfigError as exc:
         print(f"horovodrun: error: {exc}", file=sys.stderr)
         return 2

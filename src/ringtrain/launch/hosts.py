@@ -11,7 +11,8 @@ from pathlib import Path
 from ringtrain import addresses
 from ringtrain.errors import ConfigError
 
-__all__ = ["Host", "Placement", "is_local_host", "parse_hostfile", "parse_hosts", "place_ranks"]
+__all__ = ["Host", "Placement", "TooFewSlots", "is_local_host", "parse_hostfile", "parse_hosts",
+           "place_ranks"]
 
 _HOST = re.compile(r"^[A-Za-z0-9_.\-:]+$")
 
@@ -149,6 +150,17 @@ def parse_hostfile(path: str | Path) -> list[Host]:
     return _check_unique(hosts, f"hostfile {p}")
 
 
+class TooFewSlots(ConfigError):
+    """More ranks than slots, without ``--oversubscribe``. Its own class so that
+    ``horovodrun``, whose command line (as Horovod's) has no ``--oversubscribe``, can word
+    the advice without it (:attr:`np`, :attr:`total` and :attr:`listed` say what was
+    asked and what there is)."""
+
+    def __init__(self, message: str, np: int = 0, total: int = 0, listed: str = "") -> None:
+        super().__init__(message)
+        self.np, self.total, self.listed = np, total, listed
+
+
 def place_ranks(hosts: list[Host], np: int, oversubscribe: bool = False,
                 slots_note: str = "") -> list[Placement]:
     """Fill hosts in order (host 1's slots first), as horovodrun and mpirun do by default.
@@ -167,9 +179,9 @@ def place_ranks(hosts: list[Host], np: int, oversubscribe: bool = False,
     if np > total:
         if not oversubscribe:
             listed = slots_note or ",".join(f"{h.name}:{h.slots}" for h in hosts)
-            raise ConfigError(
+            raise TooFewSlots(
                 f"-np {np} is more than the {total} slots of {listed}; lower -np, add slots, "
-                "or pass --oversubscribe to run more ranks than slots"
+                "or pass --oversubscribe to run more ranks than slots", np, total, listed
             )
         capacity = [-(-np * h.slots // total) for h in hosts]
     counts: list[tuple[str, int]] = []
