@@ -124,7 +124,8 @@ FLAGS: tuple[Flag, ...] = (
          "HOROVOD_STALL_CHECK_TIME_SECONDS", value="int"),
     Flag(("--stall-check-shutdown-time-seconds",), "stall_check_shutdown_time_seconds", "mapped",
          "ringtrain's stall_timeout: a stalled exchange ends the job naming the missing ranks "
-         "after this long (0, the default, as Horovod's: never)",
+         "after this long (0, the default, as Horovod's: never; as in Horovod, never also when "
+         "it is less than the stall check time, with a warning)",
          "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", value="int"),
     Flag(("--mpi-threads-disable",), "mpi_threads_disable", "no-effect", _MPI, "HOROVOD_MPI_THREADS_DISABLE",
          inverse=("--no-mpi-threads-disable",)),

@@ -234,8 +234,16 @@ def _tuning_flags(a: dict[str, Any], source: Mapping[str, str]) -> list[str]:
         if a["stall_check_shutdown_time_seconds"] is not None and a["stall_check_shutdown_time_seconds"] < 0:
             raise ConfigError(f"{source['stall_check_shutdown_time_seconds']} must be >= 0 seconds "
                               f"(0: never shut down), got {a['stall_check_shutdown_time_seconds']}")
-        if a["stall_check_shutdown_time_seconds"]:  # Horovod's 0: never shut down (the hvd default)
-            out += [_setting_flag("stall_timeout"), f"{a['stall_check_shutdown_time_seconds']:g}"]
+        shutdown, every = a["stall_check_shutdown_time_seconds"], a["stall_check_warning_time_seconds"]
+        every = 60 if every is None else every
+        if shutdown and every and shutdown < every:
+            # Horovod's stall inspector drops a shutdown time below its check interval (it
+            # looks for stalls once per interval); so do the ranks (horovod/stall.py).
+            print(f"horovodrun: warning: --stall-check-shutdown-time-seconds {shutdown} is less than the "
+                  f"stall check time ({every} s): as in Horovod, a stalled operation is never shut down; "
+                  "give it at least the check time", file=sys.stderr)
+        elif shutdown:  # Horovod's 0: never shut down (the hvd default)
+            out += [_setting_flag("stall_timeout"), f"{shutdown:g}"]
         if a["stall_check_warning_time_seconds"] is not None:
             if a["stall_check_warning_time_seconds"] < 0:
                 raise ConfigError(f"{source['stall_check_warning_time_seconds']} must be >= 0, got "

@@ -42,7 +42,11 @@ def test_without_hosts_horovod_runs_np_ranks_on_localhost() -> None:
                                  "-x", "HOROVOD_FUSION_THRESHOLD=0"]),
     ("--timeline-filename t.json", ["-H", "localhost:2", "--timeline", "t.json",
                                     "-x", "HOROVOD_TIMELINE=t.json"]),
-    ("--stall-check-shutdown-time-seconds 30", ["-H", "localhost:2", "--stall-timeout", "30"]),
+    ("--stall-check-shutdown-time-seconds 90", ["-H", "localhost:2", "--stall-timeout", "90"]),
+    # Below the check time (60 s by default) Horovod never shuts down, with a warning.
+    ("--stall-check-shutdown-time-seconds 30", ["-H", "localhost:2"]),
+    ("--stall-check-warning-time-seconds 10 --stall-check-shutdown-time-seconds 30",
+     ["-H", "localhost:2", "--stall-timeout", "30", "-x", "HOROVOD_STALL_CHECK_TIME_SECONDS=10"]),
     ("--stall-check-shutdown-time-seconds 0", ["-H", "localhost:2"]),   # Horovod's "never"
     ("--gloo", ["-H", "localhost:2"]),
     ("--min-np 2 --max-np 2", ["-H", "localhost:2", "--max-restarts", str(DEFAULT_RESET_LIMIT)]),
@@ -55,9 +59,9 @@ def test_flags_translate(flags: str, want: list[str]) -> None:
 def test_translated_flags_are_ringruns_own() -> None:
     """Every translation builds a valid ringrun config; settings reach the workers' env."""
     cfg = cli.build_config(_argv("-np 2 --fusion-threshold-mb 0 --timeline-filename /tmp/t.json "
-                                 "--stall-check-shutdown-time-seconds 30 true"))
+                                 "--stall-check-shutdown-time-seconds 90 true"))
     assert cfg.settings_env == {"RINGTRAIN_FUSION_MB": repr(1 / 2**20),
-                                "RINGTRAIN_TIMELINE": "/tmp/t.json", "RINGTRAIN_STALL_TIMEOUT": "30.0"}
+                                "RINGTRAIN_TIMELINE": "/tmp/t.json", "RINGTRAIN_STALL_TIMEOUT": "90.0"}
     assert cfg.extra_env == {"HOROVOD_FUSION_THRESHOLD": "0", "HOROVOD_TIMELINE": "/tmp/t.json"}
 
 
