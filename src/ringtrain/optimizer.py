@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import sys
 import threading
 import time
 import warnings
@@ -231,6 +232,10 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self.sync_at = sync_at
         self._complete = False  # a parameter reached backward_passes_per_step this step
         self._end_queued = False  # the end-of-backward callback of this pass is queued
+        # sync_at="backward" under compiled autograd, which runs no end-of-backward
+        # callback: this step's exchange finishes in step() or synchronize() (see
+        # _on_grad_ready), and `.grad` stays local until then.
+        self._no_end = False
         self._synchronized = False  # this step's exchange is done
         self._user_synchronized = False  # ... by the script's own synchronize()
         self._steps = 0
@@ -406,11 +411,23 @@ class DistributedOptimizer(torch.optim.Optimizer):
                     f"parameter {self._names[index]!r} got {count} backward passes but "
                     f"backward_passes_per_step={self.backward_passes_per_step}; call step() "
                     "after that many passes or raise backward_passes_per_step"
+                    + ("" if not self._no_end else
+                       " (under compiled autograd a backward does not finish the exchange, so "
+                       "each backward before step() is one of those passes)")
                 )
             if self.sync_at == "backward" and not self._end_queued:
-                # Runs once this backward has finished, as DDP's reducer finalises there.
                 self._end_queued = True
-                torch.autograd.Variable._execution_engine.queue_callback(self._backward_ended)
+                if _in_compiled_autograd():
+                    # Compiled autograd drops a callback queued from a hook it runs
+                    # untraced, so nothing would finish the exchange when backward ends:
+                    # `.grad` became a view of the buffer still being summed, a clip
+                    # between backward() and step() scaled it mid-exchange and the
+                    # replicas drifted apart (0.05 in 4 steps). This step goes as under
+                    # sync_at="step": `.grad` stays local until step() or synchronize().
+                    self._no_end = True
+                else:
+                    # Runs once this backward has finished, as DDP's reducer finalises there.
+                    torch.autograd.Variable._execution_engine.queue_callback(self._backward_ended)
             if count == self.backward_passes_per_step:
                 self._complete = True
             if count < self.backward_passes_per_step or index not in self._fusion.bucket_of:
@@ -475,11 +492,12 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 log.debug("%s: the dropped step's exchange failed", bucket.name, exc_info=True)
         members = bucket.spec.params
         grads = [self._dense_grad(i) for i in members]
+        keep = self.sync_at == "step" or self._no_end
         # sync_at="step": a `.grad` accumulated in place (zero_grad(set_to_none=False))
         # is a view of the buffer; exchanged as it was, the script saw it pre-scaled by
         # 1/size and a clip before synchronize() reached the sum in flight, silently.
-        views = self._fusion.pack(bucket, grads, keep_grads=self.sync_at == "step")
-        if self.sync_at == "step":
+        views = self._fusion.pack(bucket, grads, keep_grads=keep)
+        if keep:
             # Under Horovod's contract the script runs between here and synchronize():
             # `.grad` stays the local gradient until the exchange is done, so a change to
             # it (clipping before synchronize()) cannot reach the buffer in flight, where
@@ -553,7 +571,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
             unused = self._unused(bucket)
             if not bucket.grad_views:
                 self._unpack(bucket, unused)
-        if changed:
+        if changed and not self._no_end:
             warnings.warn(
                 f"the gradients of {len(changed)} parameter(s) (first {changed[0]!r}) changed after "
                 "backward() and before optimizer.synchronize() (clipping? scaling?): the exchange "
@@ -574,6 +592,15 @@ class DistributedOptimizer(torch.optim.Optimizer):
         if events.active():
             events.emit("exchange_wait", t0, t_end)
         self._synchronized = True
+        # After the bookkeeping, so the optimizer is consistent: zero_grad() drops the step.
+        if changed and self._no_end:
+            raise OptimizerUsageError(
+                f"the gradients of {len(changed)} parameter(s) (first {changed[0]!r}) changed "
+                "between backward() and the end of their exchange (clipping? unscale_?): under "
+                "compiled autograd backward() returns before the gradients are combined, so the "
+                "change reached only this rank's gradients; call optimizer.synchronize() after "
+                "backward() and change them after it (then step inside 'with "
+                "optimizer.skip_synchronize():'), or turn compiled autograd off")
 
     def _hand_over(self, bucket: Bucket) -> list[str]:
         """sync_at="step": the exchange of ``bucket`` is done; its members' ``.grad``
@@ -738,6 +765,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._next_launch = 0
         self._complete = False
         self._end_queued = False  # a backward that raised never ran its callback
+        self._no_end = False
         self._synchronized = False
         self._user_synchronized = False
         self._seen_sparse = set()
@@ -878,7 +906,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 "gradients are being accumulated or exchanged with the other ranks. Call "
                 "zero_grad() before backward() (or after step()); with gradient "
                 "accumulation, after the step that ends it"
-                + ("; to skip a step, call synchronize() first" if self.sync_at == "step" else "")
+                + ("; to skip a step, call synchronize() first" if self.sync_at == "step" or self._no_end
+                   else "")
             )
         if self._synchronized:
             # The exchange is done and no step() came: the script skips this update
@@ -1021,6 +1050,14 @@ def _world_ref() -> Callable[[], Any]:
     """A weak reference to the current world (one that answers None when there is none)."""
     now = _world_now()
     return weakref.ref(now) if now is not None else lambda: None
+
+
+def _in_compiled_autograd() -> bool:
+    """A hook runs inside a backward that compiled autograd executes (which runs no
+    callback queued on the engine). Its module is imported only by a script that uses
+    torch.compile, so it is looked up, never imported here."""
+    module = sys.modules.get("torch._dynamo.compiled_autograd")
+    return bool(getattr(module, "in_compiled_autograd_region", False))
 
 
 def _hook(owner: weakref.ref[DistributedOptimizer], index: int) -> Callable[[torch.Tensor], None]:
