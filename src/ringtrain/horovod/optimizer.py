@@ -228,13 +228,28 @@ def _fresh_state(optimizer: torch.optim.Optimizer) -> None:
     """Horovod's wrapper is a new optimizer over the same ``param_groups`` (so learning
     rates are shared) with an empty ``state``: Adam moments or momentum loaded (or
     broadcast) into the optimizer before wrapping do not carry over, and Horovod's
-    examples load and broadcast after wrapping. The same here, said aloud."""
-    if optimizer.state:
+    examples load and broadcast after wrapping. The same here, said aloud, unless that
+    state is all zeros: what ``hvd.broadcast_optimizer_state`` before wrapping leaves (its
+    zero-gradient update; Horovod's own pytorch_mnist.py does so), which equals an empty
+    state, so dropping it changes nothing."""
+    if optimizer.state and not _all_zero(optimizer.state):
         warnings.warn("hvd.DistributedOptimizer starts with an empty optimizer state, as "
                       "Horovod's does: the state this optimizer had (loaded or broadcast "
                       "before wrapping) is not used; load or broadcast it after wrapping",
                       stacklevel=3)
     optimizer.state = collections.defaultdict(dict)
+
+
+def _all_zero(state: Any) -> bool:
+    """Every value in an optimizer's ``state`` (tensors, step counts) is zero."""
+    for per_param in state.values():
+        for value in per_param.values():
+            if isinstance(value, torch.Tensor):
+                if value.numel() and bool(value.detach().ne(0).any()):
+                    return False
+            elif value not in (0, None):
+                return False
+    return True
 
 
 class _AdasumOptimizer:
