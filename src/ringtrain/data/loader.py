@@ -163,7 +163,7 @@ def _image_decoding(dataset: Any) -> str | None:
 
 
 class _EpochIterator:
-    __slots__ = ("_loader", "_gen")
+    __slots__ = ("_loader", "_gen", "__weakref__")
 
     def __init__(self, loader: Loader, gen: int) -> None:
         self._loader, self._gen = loader, gen
@@ -333,6 +333,12 @@ class Loader:
         self._finished: int | None = None
         self._restored_finished: int | None = None
         self._pending_epoch: int | None = None  # set_epoch() during a pass: the next pass's
+        # The iterator of the latest pass, and of the pass that handed out its epoch's last
+        # batch while its loop has not been told it ended (no StopIteration yet): a loop
+        # still inside it (the iterator alive) saves a state that resumes into that
+        # pass's empty rest, as StatefulDataLoader's does, not into the next epoch.
+        self._iter_ref: weakref.ref[_EpochIterator] | None = None
+        self._open_ref: weakref.ref[_EpochIterator] | None = None
         self._workers_len = 0  # len(dataset) when the running workers started
         self._plan: EpochPlan | ShardPlan | None = None
         self._gen = 0
@@ -389,6 +395,8 @@ class Loader:
 
     def _use_epoch(self, epoch: int) -> None:
         finished, self._restored_finished = self._restored_finished, None
+        if epoch != self._epoch:
+            self._open_ref = None  # the loader moved on from the pass's end
         if epoch == finished and self._epoch == epoch + 1 and self._start == 0:
             self._finished = None
             self._epoch, self._start, self._resumed = epoch, self._end_of(epoch), ()
@@ -425,6 +433,7 @@ class Loader:
         self._gen += 1
         self._plan = plan
         self._finished = self._restored_finished = None
+        self._open_ref = None
         self._yielded = self._staged = 0
         self._indexer = plan.indexer()
         self._gap_from = None
@@ -447,7 +456,9 @@ class Loader:
             # The epoch after this one, as it will be unless set_epoch/load_state_dict
             # say otherwise: its first batches load while this epoch ends.
             self._feed.begin(plan, self._make_plan(self._epoch + 1, 0, ()))
-        return _EpochIterator(self, self._gen)
+        it = _EpochIterator(self, self._gen)
+        self._iter_ref = weakref.ref(it)
+        return it
 
     def state_dict(self) -> dict[str, Any]:
         """Where the loop stands: resume with :meth:`load_state_dict`, no replay."""
@@ -459,6 +470,12 @@ class Loader:
         else:
             epoch, position, resumed = self._epoch, self._start, self._resumed
             world = self._start_world or self._shard()[1]
+        # The loop is still in a pass that handed out its epoch's last batch (its iterator
+        # alive, not yet told the pass ended; or the loader stands at such a pass's empty
+        # rest): a restored loader's next pass is that empty rest, so a loop resumed with
+        # the epoch it was in runs no epoch twice, with or without set_epoch().
+        still_in = (self._open_ref is not None and self._open_ref() is not None) or (
+            not self._active and position > 0 and position == self._end_of(epoch))
         raw_epoch = epoch
         epoch, position, resumed = self._normalise(epoch, position, resumed, world)
         finished = raw_epoch if epoch > raw_epoch else self._finished
@@ -468,6 +485,8 @@ class Loader:
             "batch_size": self.batch_size, "world_size": world, "drop_last": self.drop_last}
         if finished is not None and position == 0 and not resumed and finished == epoch - 1:
             state["finished_epoch"] = finished  # its last batch was received (see set_epoch)
+            if still_in:
+                state["in_finished_pass"] = True
         if self._sharded:
             # position: samples this rank has consumed of its range (see ShardPlan)
             state["layout"] = "shards"
@@ -520,6 +539,13 @@ class Loader:
         self._finished = self._restored_finished = (
             int(finished) if isinstance(finished, int) and self._start == 0
             and self._epoch == finished + 1 else self._epoch - 1 if self._epoch > epoch else None)
+        self._open_ref = None
+        if state.get("in_finished_pass") is True and self._finished is not None \
+                and self._epoch == self._finished + 1 and self._start == 0:
+            # Saved inside the pass that had handed out its last batch: stand at that
+            # pass's empty rest, so the next pass (set_epoch() or not) yields nothing and
+            # the one after it is the next epoch, as in the run that was not stopped.
+            self._epoch, self._start = self._finished, self._end_of(self._finished)
         # A resizable job may restore before its world re-forms: pin the world size this
         # position counts in, so the next iteration (or state_dict) re-cuts it if it changed.
         self._start_world = self._shard()[1]
@@ -717,11 +743,14 @@ class Loader:
                     f"handed out) was ended by {by}: a Loader runs one pass at a time. "
                     "Keep a batch this loop received instead of next(iter(loader)), or read a "
                     "second stream from a second Loader")
+            if gen == self._gen:
+                self._open_ref = None  # this loop is told its pass ended
             raise StopIteration
         plan = self._plan
         assert plan is not None
         if self._yielded >= plan.num_batches:
             self._settle()
+            self._open_ref = None
             raise StopIteration
         t0 = time.perf_counter()
         try:
@@ -775,6 +804,7 @@ class Loader:
             self._epoch, self._start, self._resumed = plan.epoch + 1, 0, ()
             self._start_world = None
             self._finished = plan.epoch
+            self._open_ref = self._iter_ref
 
     def _sync(self) -> None:
         """Outside a pass, the epoch a set_epoch() during the last one asked for."""

@@ -335,7 +335,10 @@ class Resumable(ElasticState):
         follow_models([self.model], followed=[self.optimizer])
         if runtime.size() > 1:
             if not own:
-                replicate.broadcast_parameters(self.model.state_dict(), root_rank=0)
+                # Its tensors only: a module's non-tensor extra state (get_extra_state) is
+                # not overwritten in place; broadcast_parameters refuses such an entry.
+                tensors = {k: v for k, v in self.model.state_dict().items() if isinstance(v, torch.Tensor)}
+                replicate.broadcast_parameters(tensors, root_rank=0)
             if isinstance(self.optimizer, torch.optim.Optimizer):
                 replicate.broadcast_optimizer_state(self.optimizer, root_rank=0)
             mine = {"step": self.step, "extra": self.extra,
