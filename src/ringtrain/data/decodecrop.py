@@ -140,7 +140,7 @@ class DecodeCrop:
                  ratio: Sequence[float] = (3 / 4, 4 / 3), flip: float = 0.5,
                  device: str | torch.device = "cpu") -> None:
         self.size = _check_size(size)
-        self.scale = check_range("scale", scale)
+        self.scale = check_range("scale", scale, zero=True)
         self.ratio = check_range("ratio", ratio)
         if isinstance(flip, bool):
             # flip=True read as "random flips on" but was the probability 1.0: every
@@ -212,12 +212,19 @@ class DecodeCrop:
                 box: Box, m: int) -> np.ndarray:
         """The pixels of ``box`` (in the image scaled by ``m``/8; whole pixels) through
         region decode. The region's left edge must sit on an iMCU column of the scaled
-        image, so the decoded region starts there and the box is cut from it."""
+        image, so the decoded region starts there and the box is cut from it.
+
+        The region reaches at least one column past the box on both sides (where the
+        image has one): libjpeg-turbo's fancy chroma upsampling (4:2:0, 4:2:2) treats
+        a region's first and last columns as the image's edge, which put the box's edge
+        columns up to 21 levels from the whole-image decode (measured on photos); one
+        column more each side makes the box's pixels the whole decode's exactly."""
         left, top, w, h = box
         mcu = max(1, math.ceil(info.mcu[0] * m / 8))
-        xa = left // mcu * mcu
-        pixels = tj.decode(data, m, (xa, top, left + w - xa, h))
-        return pixels[:, left - xa:]
+        xa = max(0, left - 1) // mcu * mcu
+        right = min((info.width * m + 7) // 8, left + w + 1)
+        pixels = tj.decode(data, m, (xa, top, right - xa, h))
+        return pixels[:, left - xa:left - xa + w]
 
     def _scaled(self, tj: turbojpeg.TurboJPEG, data: bytes, info: ImageInfo, box: Box,
                 m: int, flip: bool) -> np.ndarray:

@@ -32,8 +32,8 @@ IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".t
 def _list_images(root: bytes, classes: list[bytes], exts: tuple[bytes, ...],
                  is_valid_file: Callable[[str], bool] | None = None
                  ) -> tuple[list[bytes], list[int]]:
-    """The image files under each class folder as paths relative to ``root``, and how
-    many each class has, in torchvision's ``make_dataset`` order: folders sorted by
+    """The image files under each class folder as paths relative to ``root`` (the root
+    directory's path, ending in ``/``), and how many each class has, in torchvision's ``make_dataset`` order: folders sorted by
     their whole path (``sorted(os.walk(...))``), each folder's files sorted. That is not
     depth first: ``a-b/`` (``-`` sorts before ``/``) comes before ``a/x/``, and sample
     ``i`` must be the same file as in torchvision's ``ImageFolder`` (a saved split,
@@ -54,19 +54,19 @@ def _list_images(root: bytes, classes: list[bytes], exts: tuple[bytes, ...],
             files: list[bytes] = []
             dirs: list[bytes] = []
             try:
-                with os.scandir(root + b"/" + prefix) as entries:
+                with os.scandir(root + prefix) as entries:
                     for entry in entries:
                         # is_dir() follows links, as os.walk(followlinks=True) did
                         (dirs if entry.is_dir() else files).append(entry.name)
             except OSError as err:
-                raise DataError(f"cannot list {os.fsdecode(root + b'/' + prefix)}: "
+                raise DataError(f"cannot list {os.fsdecode(root + prefix)}: "
                                 f"{err.strerror}; fix its permissions or move it out of "
                                 "the image folder") from None
             if is_valid_file is None:
                 kept = [prefix + f for f in files if f.lower().endswith(exts)]
             else:  # torchvision hands it the whole path, as a str
                 kept = [prefix + f for f in files
-                        if is_valid_file(os.fsdecode(root + b"/" + prefix + f))]
+                        if is_valid_file(os.fsdecode(root + prefix + f))]
             folders.append((prefix[:-1], sorted(kept)))
             pending += [prefix + d + b"/" for d in dirs]
         # UTF-8 bytes sort as the str paths torchvision sorts (code point order)
@@ -103,7 +103,14 @@ class ImageFolder:
                  extensions: Sequence[str] | None = None,
                  is_valid_file: Callable[[str], bool] | None = None,
                  allow_empty: bool = False) -> None:
-        self.root = Path(root)
+        # As torchvision's: "~" expanded, and the root's spelling kept ("./data/" stays
+        # so), so the paths is_valid_file and samples see are the strings torchvision's
+        # os.path.join(root, ...) makes.
+        given = os.path.expanduser(os.fspath(root))
+        self.root = Path(given)
+        self._root = os.fsencode(given)
+        if not self._root.endswith(b"/"):
+            self._root += b"/"
         if not self.root.is_dir():
             raise DataError(f"image folder {self.root} is not a directory")
         self.transform = transform
@@ -123,7 +130,7 @@ class ImageFolder:
             raise DataError(f"{self.root} has no class folders; put images in "
                             f"{self.root}/<class name>/")
         self.class_to_idx = {c: i for i, c in enumerate(self.classes)}
-        names, counts = _list_images(os.fsencode(self.root),
+        names, counts = _list_images(self._root,
                                      [os.fsencode(c) for c in self.classes],
                                      tuple(os.fsencode(e) for e in exts), is_valid_file)
         if not names:
@@ -140,7 +147,6 @@ class ImageFolder:
         self._ends = np.cumsum(np.fromiter(map(len, names), dtype=np.int64, count=len(names)))
         self._starts = np.concatenate([[0], self._ends[:-1]])
         self.labels = np.repeat(np.arange(len(self.classes), dtype=np.int32), counts)
-        self._root = os.fsencode(self.root) + b"/"
 
     def __len__(self) -> int:
         return len(self._ends)
@@ -154,7 +160,7 @@ class ImageFolder:
     def samples(self) -> list[tuple[str, int]]:
         """``(path, class index)`` of every sample (torchvision's ``samples``/``imgs``);
         built on each access, so a worker that never asks holds no string per file."""
-        return [(str(self.path(i)), int(self.labels[i])) for i in range(len(self))]
+        return [(os.fsdecode(self._raw_path(i)), int(self.labels[i])) for i in range(len(self))]
 
     imgs = samples
 
@@ -194,4 +200,15 @@ class ImageFolder:
                 image = self.transform(image)
             except DataError as err:  # ringtrain's own (DecodeCrop on the bytes): name the file
                 raise DataError(f"cannot decode {os.fsdecode(path)}: {err}") from err
+            except TypeError as err:
+                if not self.decode or "ndarray" not in str(err):
+                    raise  # the transform's own TypeError keeps its class, as under DataLoader
+                # torchvision's transforms refuse a numpy array with a TypeError that
+                # names neither the dataset nor the way out ("Unexpected type ndarray").
+                raise DataError(
+                    f"transform failed on {os.fsdecode(path)}: {type(err).__name__}: {err}; "
+                    "rt.data.ImageFolder hands transform= an HxWx3 uint8 numpy array, not "
+                    "torchvision's PIL image: start a torchvision pipeline with v2.ToImage() "
+                    "(or PIL.Image.fromarray), or crop with decode=False, "
+                    "transform=rt.data.DecodeCrop(224)") from err
         return image, int(self.labels[i])
