@@ -178,8 +178,18 @@ class _RateCallback(keras.callbacks.Callback):  # type: ignore[misc,name-defined
         self._epoch = 0
         self._corrected = False
 
+    def _optimizer(self) -> Any:
+        """The optimizer that holds the rate and the momentum: the model's, or the one a
+        ``LossScaleOptimizer`` wraps (``compile`` adds one under ``mixed_float16``; it
+        forwards the rate but not ``momentum``, which TensorFlow's wrapper, Horovod's
+        case, delegates to the inner optimizer, so the correction would be skipped)."""
+        optimizer = self.model.optimizer
+        while getattr(optimizer, "inner_optimizer", None) is not None:
+            optimizer = optimizer.inner_optimizer
+        return optimizer
+
     def _check_float_rate(self) -> None:
-        rate = self.model.optimizer._learning_rate
+        rate = self._optimizer()._learning_rate
         if isinstance(rate, keras.optimizers.schedules.LearningRateSchedule) or not hasattr(rate, "assign"):
             raise ConfigError(
                 f"{type(self).__name__} sets the optimizer's learning rate, which is a schedule "
@@ -197,7 +207,7 @@ class _RateCallback(keras.callbacks.Callback):  # type: ignore[misc,name-defined
 
     def _set_rate(self, new: float) -> float:
         """Set the rate to ``new``; returns it as the optimizer stores it."""
-        optimizer = self.model.optimizer
+        optimizer = self._optimizer()
         old = float(optimizer.learning_rate)
         optimizer.learning_rate = new
         momentum: Any = getattr(optimizer, "momentum", None)
@@ -216,9 +226,10 @@ class _RateCallback(keras.callbacks.Callback):  # type: ignore[misc,name-defined
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         if self._corrected:
             self._corrected = False
-            true = _TRUE_MOMENTUM.pop(id(self.model.optimizer), None)
+            optimizer = self._optimizer()
+            true = _TRUE_MOMENTUM.pop(id(optimizer), None)
             if true is not None:
-                self.model.optimizer.momentum = true
+                optimizer.momentum = true
 
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         if logs is not None:
@@ -252,8 +263,9 @@ class LearningRateWarmupCallback(_RateCallback):
                  steps_per_epoch: int | None = None, start_factor: float | None = None,
                  verbose: int = 0) -> None:
         super().__init__()
-        if not initial_lr > 0:
-            raise ConfigError(f"initial_lr must be > 0, got {initial_lr}")
+        if not (_is_number(initial_lr) and float(initial_lr) > 0):
+            raise ConfigError(f"initial_lr must be a number > 0 (the rate the warmup reaches), "
+                              f"got {initial_lr!r}")
         if warmup_epochs < 0:
             raise ConfigError(f"warmup_epochs must be >= 0, got {warmup_epochs}")
         if steps_per_epoch is not None and steps_per_epoch < 1:
@@ -274,6 +286,9 @@ class LearningRateWarmupCallback(_RateCallback):
         self._check_float_rate()
         self.steps_per_epoch = self._find_steps_per_epoch()
         self._warmup_steps = math.ceil(self.warmup_epochs * self.steps_per_epoch)
+        # Decided by the epoch and batch again in each fit, as Horovod's: a second fit
+        # from epoch 0 warms up again.
+        self._finished = False
 
     def lr_at(self, epoch: int, batch: int) -> float:
         """The rate the callback sets before ``batch`` of ``epoch`` (pure; ``initial_lr``
@@ -329,7 +344,7 @@ class LearningRateScheduleCallback(_RateCallback):
                  end_epoch: int | None = None, staircase: bool = True, momentum_correction: bool = True,
                  steps_per_epoch: int | None = None) -> None:
         super().__init__()
-        if not (isinstance(initial_lr, (int, float)) and initial_lr > 0):
+        if not (_is_number(initial_lr) and float(initial_lr) > 0):
             raise ConfigError(f"initial_lr must be a number > 0, got {initial_lr!r}")
         if not callable(multiplier) and not _is_number(multiplier):
             raise ConfigError(f"multiplier must be a number or a function of the epoch, got {multiplier!r}")

@@ -9,7 +9,7 @@ optimizer's own ``apply`` (clipping, weight decay, the update).
 
 Semantics are Horovod's Keras wrapper's: ``backward_passes_per_step=k`` sums k local
 passes and applies once (``average_aggregated_gradients=True`` divides that sum by the
-passes), ``op=Average`` divides by ``size()`` only.
+passes) while ``iterations`` counts every pass, ``op=Average`` divides by ``size()`` only.
 
 From the second step on, each bucket's exchange starts during backward, as soon as
 autograd has accumulated its last gradient (:mod:`ringtrain.keras.overlap`), as the
@@ -295,17 +295,30 @@ class _DistributedMixin:
         names = [f"{i}:{getattr(v, 'name', 'variable')}" for i, v in enumerate(variables)]
         reduced = self._ringtrain_exchange.reduce(list(grads), params, names)
         if reduced is None:
-            return None  # accumulating: the update (and the iteration count) waits
+            # Accumulating: no update, but the pass counts. Horovod's aggregation helper
+            # adds 1 to `iterations` on the passes it does not apply, so a learning-rate
+            # schedule, Adam's bias correction and TensorBoard's step see the batch count
+            # (counting updates only, a schedule decayed k times slower than Horovod's).
+            _pass_counter(self).assign_add(1)
+            return None
         return super().apply(reduced, trainable_variables)  # type: ignore[misc]
 
     def apply_accumulated(self) -> None:
         """Exchange and apply gradients accumulated over fewer than
         ``backward_passes_per_step`` passes (e.g. at the end of training); every rank
-        must call it. A no-op when nothing is pending."""
+        must call it. A no-op when nothing is pending.
+
+        ``iterations`` already counts those passes: the update runs at the last pass's
+        iteration (as a full accumulation's update does) and leaves the count as it was.
+        """
         variables = list(self._trainable_variables)  # type: ignore[attr-defined]
         reduced = self._ringtrain_exchange.flush()
         if reduced is not None:
+            counter = _pass_counter(self)
+            passes = int(counter.numpy())
+            counter.assign(passes - 1)
             super().apply(reduced, variables)  # type: ignore[misc]
+            counter.assign(passes)  # also when a loss-scale skip left it alone
 
     @property
     def backward_passes_per_step(self) -> int:
@@ -315,6 +328,13 @@ class _DistributedMixin:
     def exchange(self) -> GradientExchange:
         """The gradient exchange (compression, strategy, ``last_exchange_s``)."""
         return self._ringtrain_exchange
+
+
+def _pass_counter(optimizer: Any) -> Any:
+    """The variable behind ``optimizer.iterations``: the innermost optimizer's (a
+    ``LossScaleOptimizer`` reports its inner optimizer's count)."""
+    inner = getattr(optimizer, "inner_optimizer", None)
+    return _pass_counter(inner) if inner is not None else optimizer._iterations
 
 
 def _torch_value(variable: Any) -> torch.Tensor:
@@ -360,6 +380,16 @@ if not getattr(_LossScale.check_finite, "_ringtrain_agrees", False):
     _LossScale.check_finite = _finite_on_every_rank(_LossScale.check_finite)
 
 
+def _accumulates(optimizer: Any) -> bool:
+    """Whether ``optimizer`` (or one it wraps) has Keras' own gradient accumulation, which
+    reads ``iterations`` as its pass count too."""
+    while optimizer is not None:
+        if getattr(optimizer, "gradient_accumulation_steps", None):
+            return True
+        optimizer = getattr(optimizer, "inner_optimizer", None)
+    return False
+
+
 _CLASSES: dict[type, type] = {}
 
 
@@ -397,7 +427,9 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name, a factory returning th
         optimizer: an unbuilt ``keras.optimizers.Optimizer`` (wrap it before ``fit``).
         compression: ``rt.Compression.none``, ``.fp16`` or ``.bf16`` on the wire.
         backward_passes_per_step: exchange and update every k-th ``apply`` (each
-            ``fit`` step is one pass); the k passes' gradients are summed, as Horovod's.
+            ``fit`` step is one pass); the k passes' gradients are summed and
+            ``iterations`` counts passes, as Horovod's (a learning-rate schedule sees
+            the batch count; the update runs at its k-th pass's iteration).
         average_aggregated_gradients: divide that sum by the passes (Horovod's option).
         gradient_predivide_factor: Horovod's split of the average (1/f before the sum,
             f/size after).
@@ -432,6 +464,12 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name, a factory returning th
                       "buckets of fusion_mb (RINGTRAIN_FUSION_MB)", stacklevel=2)
     exchange = GradientExchange(compression, backward_passes_per_step, op, fusion_mb, strategy,
                                 average_aggregated_gradients, gradient_predivide_factor, overlap)
+    if backward_passes_per_step > 1 and _accumulates(optimizer):
+        raise ConfigError(
+            "the optimizer has Keras' own gradient_accumulation_steps and "
+            f"backward_passes_per_step={backward_passes_per_step} accumulates too; use one of them "
+            "(backward_passes_per_step exchanges once per accumulation)"
+        )
     wrapped = _distributed_class(type(optimizer)).from_config(optimizer.get_config())
     # object.__setattr__: Keras' optimizer __setattr__ would try to track the attribute.
     object.__setattr__(wrapped, "_ringtrain_exchange", exchange)
