@@ -1,8 +1,9 @@
 """A tiny in-process event bus: where the training step reports its phases.
 
 The optimizer and the data loader publish timed spans here ("data_wait", "h2d_copy",
-"exchange", "exchange_wait", "update", "step_end"); the step meter and the timeline
-(:mod:`ringtrain.observe`) subscribe, when ``rt.init()`` says so. Publishers import only
+"exchange", "exchange_wait", "update", "step_end"; "opt_step" when any torch optimizer's
+``step()`` returns, from the hook metering puts on them); the step meter and the
+timeline (:mod:`ringtrain.observe`) subscribe, when ``rt.init()`` says so. Publishers import only
 this leaf module, so the layers stay independent, and with no subscriber an emit costs
 one list check.
 

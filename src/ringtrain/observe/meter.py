@@ -29,8 +29,21 @@ Spans may overlap (a loader may report a copy inside its own wait); each instant
 to the first phase in the order above that covers it, so the five phases are disjoint
 and add up to the step time *by construction* (:func:`split_step`).
 
-Without a ``step_end`` (a loop that uses ``rt.data.Loader`` but not
-``DistributedOptimizer``), a step runs from one ``data_wait`` to the next.
+A step is one optimizer update, as in every framework's logs: with gradient
+accumulation (``backward_passes_per_step=k``, or k backward passes per ``step()``) it
+holds the k batches of the update. Its end is ringtrain's own ``step_end`` (published
+by ``DistributedOptimizer``, ``rt.LocalSGD``, ``rt.parallel``); a loop whose optimizer is
+not ringtrain's (torch DDP, FSDP) reports its updates through ``opt_step``, the session's
+hook on every torch optimizer's ``step()``: such a step ends at the update and is closed
+at the next batch request (or the next update when no batch source reports), so an
+``opt_step`` inside ringtrain's own update, followed by its ``step_end``, ends nothing.
+Once a ``step_end`` has been seen, ``opt_step`` is ignored.
+
+With neither (a loop over ``rt.data.Loader`` that never steps an optimizer), a step runs
+from one ``data_wait`` to the next. Those per-batch steps are provisional until the
+first update: when one comes, the batches before it were its accumulation (or set-up
+before training) and become part of that first step (:attr:`Meter.retracted` says how
+many per-batch steps it absorbed), so a k-pass accumulation never shows k-1 short steps.
 
 Everything here is pure bookkeeping on numbers: no threads, no I/O, no clock of its
 own, so it is tested with hand-made spans.
@@ -91,6 +104,8 @@ class StepRecord:
     pipeline_bubble: float = 0.0
     #: Bytes FSDP gathered and scattered in this step.
     shard_bytes: int = 0
+    #: Batches the data source delivered in this step (k with k-pass accumulation).
+    batches: int = 0
 
     @property
     def step(self) -> float:
@@ -216,10 +231,20 @@ class Meter:
         self.data_info: dict[str, Any] = {}
         self._recent: deque[StepRecord] = deque()
         self._sums = dict.fromkeys((*PHASES, *PARALLEL_PHASES, "step", "exchange", "bytes",
-                                    "samples"), 0.0)
+                                    "samples", "batches"), 0.0)
         self._samples_known = 0
         self._stride = 1  # series keeps one record in every ``_stride`` once capped
-        self._uses_step_end = False
+        # What ends a step: None until the first update is seen (a batch request ends
+        # one meanwhile), then "step_end" (ringtrain's optimizer) or "opt_step" (any
+        # torch optimizer's step(), closed at the next batch request).
+        self._end_kind: str | None = None
+        self._open_end: float | None = None  # an opt_step's time, not yet closed
+        self._saw_data = False
+        # Per-batch steps finished before any update was seen: the first update absorbs them.
+        self._provisional: list[StepRecord] = []
+        self._batches = 0
+        #: Per-batch steps the latest record absorbed (they were its accumulation).
+        self.retracted = 0
         self._last_end: float | None = None
         self._pending: list[Segment] = []
         self._exchanges: list[tuple[float, float]] = []
@@ -239,15 +264,33 @@ class Meter:
              info: Mapping[str, Any]) -> StepRecord | None:
         """Take one event; returns the finished step when ``kind`` ends one."""
         if kind == "step_end":
-            self._uses_step_end = True
+            self._end_kind, self._open_end = "step_end", None
             return self._finish(t_end)
+        if kind == "opt_step":
+            if self._end_kind == "step_end":
+                return None  # ringtrain's optimizer reports its own step ends
+            done = None
+            if self._open_end is not None and not self._saw_data:
+                # No batch source reports: each update closes the previous one. (With
+                # one, the next batch request does, so two optimizers stepping on one
+                # batch, a GAN's, make one step.)
+                done = self._finish(self._open_end)
+            self._end_kind, self._open_end = "opt_step", t_end
+            return done
+        record = None
+        if self._open_end is not None and kind != "update":
+            # The loop went on after a torch optimizer's step(): that update ended then.
+            # ("update" comes from ringtrain's own optimizer, whose step_end follows.)
+            record = self._finish(self._open_end)
+            self._open_end = None
         if kind == "data_wait":
-            record = None
-            if not self._uses_step_end:
-                # No optimizer step events (yet): a batch request starts the next step.
+            self._saw_data = True
+            if self._end_kind is None:
+                # No optimizer update seen (yet): a batch request starts the next step.
                 if self._loader_step_open:
-                    record = self._finish(t_start)
+                    record = self._finish(t_start, provisional=True)
                 self._loader_step_open = True
+            self._batches += 1
             self._add(kind, t_start, t_end)
             samples = info.get("samples")
             if isinstance(samples, int):
@@ -270,14 +313,27 @@ class Meter:
                 self.pipeline_info.update(info)
         elif kind in _PRIORITY_OF:
             self._add(kind, t_start, t_end)
-        return None
+        return record
+
+    def settle(self) -> StepRecord | None:
+        """Close an update a torch optimizer made that no later event has closed yet
+        (the end of the loop, or a summary read right after ``step()``)."""
+        if self._open_end is None:
+            return None
+        end, self._open_end = self._open_end, None
+        return self._finish(end)
 
     def _add(self, kind: str, t_start: float, t_end: float) -> None:
         if len(self._pending) >= _MAX_PENDING:
             del self._pending[: _MAX_PENDING // 2]
         self._pending.append((kind, t_start, t_end))
 
-    def _finish(self, end: float) -> StepRecord | None:
+    def _finish(self, end: float, provisional: bool = False) -> StepRecord | None:
+        absorbed: list[StepRecord] = []
+        if not provisional and self._provisional:
+            # The first update: the per-batch steps before it were its accumulation.
+            absorbed, self._provisional = self._provisional, []
+            self._retract(absorbed[0].index)
         start = self._last_end
         if start is None:
             # The first step has no previous end: it starts at its first event.
@@ -296,21 +352,35 @@ class Meter:
             h2d_overlapped=self._h2d_overlapped,
             shard_comm=totals.get("shard_comm", 0.0),
             pipeline_bubble=totals.get("pipeline_bubble", 0.0),
-            shard_bytes=self._shard_bytes,
+            shard_bytes=self._shard_bytes, batches=self._batches,
         )
+        if absorbed:
+            record = _merge([*absorbed, record])
+        self.retracted = len(absorbed)
         self._pending.clear()
         self._exchanges.clear()
         self._bytes = self._buckets = self._tensors = 0
         self._samples = None
         self._h2d_overlapped = 0.0
         self._shard_bytes = 0
+        self._batches = 0
         self._last_end = end
         self.steps_seen += 1
         self.last, self.last_segments = record, segments
         self._keep(record)
         if record.index >= self.warmup:
             self._roll(record)
+        if provisional:
+            self._provisional.append(record)
         return record
+
+    def _retract(self, index: int) -> None:
+        """Forget the steps from ``index`` on (the newest ones): the first update absorbs them."""
+        while self._recent and self._recent[-1].index >= index:
+            self._account(self._recent.pop(), -1)
+        while self.series and self.series[-1].index >= index:
+            self.series.pop()
+        self.steps_seen = index
 
     def _keep(self, record: StepRecord) -> None:
         if record.index % self._stride:
@@ -340,6 +410,7 @@ class Meter:
         s["step"] += sign * (r.end - r.start)
         s["exchange"] += sign * r.exchange
         s["bytes"] += sign * r.exchange_bytes
+        s["batches"] += sign * r.batches
         if r.samples is not None:
             s["samples"] += sign * r.samples
             self._samples_known += sign
@@ -374,6 +445,18 @@ class Meter:
         n = len(self._recent)
         return self._sums["step"] / n if n else 0.0
 
+    @property
+    def open_batches(self) -> int:
+        """Batches delivered since the last step ended (the step in progress has them)."""
+        return self._batches
+
+    def seconds_per_batch(self) -> float:
+        """Mean time per batch over the window (a k-pass update takes k batches); the
+        mean step when the data source reported no batches."""
+        if self._sums["batches"] > 0:
+            return self._sums["step"] / self._sums["batches"]
+        return self.mean_step()
+
     def summary(self, scope: str = "window") -> dict[str, Any]:
         """Plain-data statistics over the rolling window or all measured steps (``"all"``)."""
         if scope == "window":
@@ -386,6 +469,26 @@ class Meter:
         if self.pipeline_info:
             out["parallel"]["pipeline"] = dict(self.pipeline_info)
         return out
+
+
+def _merge(records: Sequence[StepRecord]) -> StepRecord:
+    """One step made of consecutive ones (the batches an update accumulated)."""
+    first, last = records[0], records[-1]
+    known = [r.samples for r in records if r.samples is not None]
+
+    def total(name: str) -> Any:
+        return sum(getattr(r, name) for r in records)
+
+    return StepRecord(
+        index=first.index, start=first.start, end=last.end,
+        data_wait=total("data_wait"), h2d_copy=total("h2d_copy"), compute=total("compute"),
+        exchange_wait=total("exchange_wait"), update=total("update"),
+        exchange=total("exchange"), exchange_bytes=total("exchange_bytes"),
+        buckets=total("buckets"), tensors=total("tensors"),
+        samples=sum(known) if known else None, h2d_overlapped=total("h2d_overlapped"),
+        shard_comm=total("shard_comm"), pipeline_bubble=total("pipeline_bubble"),
+        shard_bytes=total("shard_bytes"), batches=total("batches"),
+    )
 
 
 def summarize(records: Sequence[StepRecord], steps_seen: int = 0, warmup: int = 0) -> dict[str, Any]:
@@ -422,6 +525,8 @@ def summarize(records: Sequence[StepRecord], steps_seen: int = 0, warmup: int = 
         "samples_per_s": (sum(s for s in samples if s is not None) / total
                           if n and total > 0 and all(s is not None for s in samples) else None),
         "steps_per_s": n / total if total > 0 else 0.0,
+        # Batches the data source delivered per step (an update of k accumulated batches: k).
+        "batches_per_step": (sum(r.batches for r in records) / n) if n else 0.0,
         "exchange": {
             "bytes_per_step": (sum(r.exchange_bytes for r in records) / n) if n else 0.0,
             "buckets_per_step": (sum(r.buckets for r in records) / n) if n else 0.0,

@@ -5,7 +5,10 @@ Importing this module does nothing. ``rt.init()`` calls :func:`arm` when the
 ``observe`` setting is on (the default) or the doctor asks: that subscribes one
 listener, and the first event any publisher emits (the loader's first ``data_wait``,
 the optimizer's first exchange) creates the session and hands the event on, so a
-process that never trains pays nothing more. :func:`stop` turns it off;
+process that never trains pays nothing more. It also adds a hook to every torch
+optimizer's ``step()`` (``torch.optim.optimizer.register_optimizer_step_post_hook``)
+that publishes ``opt_step``: a loop whose optimizer is not ringtrain's (torch DDP with
+``no_sync()`` accumulation) is then metered per update, not per batch. :func:`stop` turns it off;
 :func:`start` (re)starts it with explicit options.
 
 The doctor (``ringtrain doctor``) talks to the ranks through three environment
@@ -43,7 +46,7 @@ from ringtrain.observe.timeline import TraceRecorder, merge, part_path, wait_and
 
 __all__ = [
     "DoctorRequest", "doctor_request", "Session", "start", "stop", "flush", "current",
-    "summary", "arm", "disarm", "DOCTOR_ENV", "DOCTOR_STEPS_ENV", "DOCTOR_WARMUP_ENV", "REPORT_VERSION",
+    "summary", "arm", "disarm", "set_total", "DOCTOR_ENV", "DOCTOR_STEPS_ENV", "DOCTOR_WARMUP_ENV", "REPORT_VERSION",
 ]
 
 log = logging.getLogger("ringtrain.observe")
@@ -162,6 +165,9 @@ class Session:
                 kind == "h2d_copy" and info.get("overlapped"))):
             self.trace.span(kind, t_start, t_end, info)
         if record is not None:
+            if self.meter.retracted and self.trace is not None:
+                # The per-batch steps this first update absorbed leave the timeline.
+                self.trace.retract_steps(record.start)
             # Close the finished step before a data wait opens the next one (a loop
             # without optimizer steps ends a step at the next batch request).
             self._on_step(record)
@@ -183,7 +189,7 @@ class Session:
                 tty = bool(getattr(self._stream, "isatty", lambda: False)())
                 self.progress = Progress(self._stream, tty)
         if self.progress is not None:
-            self.progress.update(self.meter)
+            self.progress.update(self.meter, _total["epochs"], _total["steps"])
         doctor = self.doctor
         if doctor is not None and doctor.steps and not self.reported \
                 and self.meter.measured >= doctor.steps:
@@ -194,7 +200,14 @@ class Session:
 
     # -- reading ------------------------------------------------------------------------
 
+    def settle(self) -> None:
+        """Close an update a torch optimizer made that no event has closed yet."""
+        record = self.meter.settle()
+        if record is not None:
+            self._on_step(record)
+
     def summary(self, scope: str = "window") -> dict[str, Any]:
+        self.settle()
         out = self.meter.summary(scope)
         out["rank"], out["size"] = self.facts.rank, self.facts.size
         records = self.meter.series if scope == "all" else self.meter.recent
@@ -269,6 +282,7 @@ class Session:
         if self.flushed:
             return
         self.flushed = True
+        self.settle()
         if self.progress is not None:
             self.progress.close()
         if self.sampler is not None:
@@ -306,6 +320,51 @@ class Session:
 _session: Session | None = None
 _armed = False  # the listener starts a session by itself at the first event
 _atexit_registered = False
+_optimizer_hook: Any = None  # the handle of the hook on torch optimizers' step()
+#: How long the script trains (set_total): the progress ETA runs to its end.
+_total: dict[str, int | None] = {"epochs": None, "steps": None}
+
+
+def set_total(epochs: int | None = None, steps: int | None = None) -> None:
+    """Say how long this run trains, so the progress ETA runs to the end of training.
+
+    ``epochs``: the epochs the loop runs in all, counted as the data source numbers them
+    (``loader.set_epoch(epoch)`` for ``epoch in range(epochs)``: a run resumed at epoch
+    30 of 90 has 60 to go). ``steps``: the optimizer updates this process makes from its
+    start. Without either, the ETA is the epoch's. Call it on any rank, before or
+    during training; ``set_total()`` forgets it.
+    """
+    for name, value in (("epochs", epochs), ("steps", steps)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                  or value < 1):
+            raise ValueError(f"set_total({name}={value!r}): give a whole number >= 1, or None")
+    if epochs is not None and steps is not None:
+        raise ValueError("set_total(): give epochs or steps, not both")
+    _total.update(epochs=epochs, steps=steps)
+
+
+def _optimizer_stepped(optimizer: Any, args: Any, kwargs: Any) -> None:
+    if _compiling():
+        return  # inside a torch.compile'd step: no Python side effects in the graph
+    now = time.perf_counter()
+    events.emit("opt_step", now, now)
+
+
+def _compiling() -> bool:
+    torch = sys.modules.get("torch")
+    return bool(torch is not None and torch.compiler.is_compiling())
+
+
+def _hook_optimizers(on: bool) -> None:
+    global _optimizer_hook
+    if on and _optimizer_hook is None:
+        # (torch.optim deletes its submodule's name: import the function itself)
+        from torch.optim.optimizer import register_optimizer_step_post_hook
+
+        _optimizer_hook = register_optimizer_step_post_hook(_optimizer_stepped)
+    elif not on and _optimizer_hook is not None:
+        _optimizer_hook.remove()
+        _optimizer_hook = None
 
 
 def current() -> Session | None:
@@ -351,6 +410,7 @@ def start(*, timeline: str | None = None, progress: bool | None = None,
     session = _create(timeline=timeline, progress=progress, window=window, warmup=warmup,
                       gpu=gpu, stream=stream)
     events.subscribe(_listen)
+    _hook_optimizers(True)
     return session
 
 
@@ -359,6 +419,7 @@ def stop() -> dict[str, Any]:
     global _session, _armed
     _armed = False
     events.unsubscribe(_listen)
+    _hook_optimizers(False)
     session, _session = _session, None
     if session is None:
         return summary()
@@ -391,6 +452,7 @@ def arm() -> None:
     global _armed
     _armed = True
     events.subscribe(_listen)
+    _hook_optimizers(True)
 
 
 def disarm() -> None:

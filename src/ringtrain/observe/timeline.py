@@ -202,6 +202,12 @@ class TraceRecorder:
         for kind, a, b in segments:
             self._put(_TID_STEPS, kind, "phase", a, b, None)
 
+    def retract_steps(self, since: float) -> None:
+        """Drop the step spans that start at or after ``since`` (per-batch steps that the
+        first optimizer update absorbed); their phases stay, nested in the update's span."""
+        self._spans = [s for s in self._spans
+                       if not (s[0] == _TID_STEPS and s[2] == "step" and s[3] >= since)]
+
     def span(self, kind: str, t_start: float, t_end: float, info: Mapping[str, Any]) -> None:
         """An event that is not part of the step split: an exchange or an overlapped copy.
 

@@ -85,6 +85,8 @@ class RankView:
     images: str | None = None
     #: Ranks in the job (the report's world size).
     size: int = 1
+    #: Batches per step (an optimizer update of k accumulated batches: k; 0: not reported).
+    batches_per_step: float = 1.0
 
     @property
     def data_share(self) -> float:
@@ -124,6 +126,7 @@ def rank_view(report: dict[str, Any]) -> RankView:
         pipeline=par.get("pipeline"),
         images=loader.get("images"),
         size=int(report.get("size", 1)),
+        batches_per_step=float(s.get("batches_per_step", 1.0)),
     )
 
 
@@ -147,19 +150,21 @@ def _ms(seconds: float) -> str:
 
 def _input_advice(r: RankView) -> list[str]:
     advice: list[str] = []
-    data_s = r.step_s * r.data_share
-    busy_s = max(r.step_s - data_s, 1e-9)  # device work the input must keep up with
+    # Per batch: a step that accumulates k batches before its update waits for k.
+    per = max(1.0, r.batches_per_step)
+    data_s = r.step_s * r.data_share / per
+    busy_s = max(r.step_s / per - data_s, 1e-9)  # device work the input must keep up with
     in_process = r.workers in (0, None)
     # In the training process every moment of loading blocks the loop, so the wait *is*
-    # the load time. With w workers delivering one batch per step each, a batch takes
-    # about w x step to make.
-    load_s = data_s if in_process else (r.workers or 0) * r.step_s
+    # the load time. With w workers delivering one batch each in turn, a batch takes
+    # about w x (time per batch) to make.
+    load_s = data_s if in_process else (r.workers or 0) * r.step_s / per
     needed = max(1, math.ceil(_WORKER_HEADROOM * load_s / busy_s))
     budget = max(1, int(r.cpus_per_rank))
     host = (f"this host's CPU budget is {r.cpus_per_rank:g} CPU(s) per rank "
             f"({r.cpus} CPUs, {r.local_size} rank(s) on the host)")
     measured = (f"preparing a batch takes ~{_ms(load_s)} against ~{_ms(busy_s)} of device "
-                f"work per step, so about {needed} worker(s) keep up")
+                f"work per batch, so about {needed} worker(s) keep up")
     if in_process:
         where = ("a plain iterable in the training loop" if r.source == "iterable"
                  else "the training process (num_workers=0)")

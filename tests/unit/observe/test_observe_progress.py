@@ -28,7 +28,7 @@ def test_status_text_has_rate_shares_and_eta() -> None:
     assert stats["eta_s"] == 90.0  # 90 batches left at 1 s each
     text = format_status(stats)
     assert text == ("step 10 | epoch 0 batch 10/100 | 10 samples/s | data wait 25% | "
-                    "exchange 10% | ETA 1:30")
+                    "exchange 10% | epoch ETA 1:30")
     assert format_status(stats, with_position=False) == "10 samples/s | data wait 25% | exchange 10%"
     assert format_duration(3725) == "1:02:05"
 
