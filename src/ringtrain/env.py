@@ -23,13 +23,18 @@ A script that starts its own processes (``mp.spawn``) and calls
 ``"script"``); without such a group, ``rt.init()`` refuses an environment that names a
 rendezvous but no rank in such a process (:func:`rendezvous_without_rank`).
 
-ringrun's variables with RANK / WORLD_SIZE of other values are read as torchrun's: the
-process is a worker of a torchrun (or other launcher) that ringrun started on each host.
+ringrun's variables with RANK / WORLD_SIZE of other values, or with a TORCHELASTIC_RUN_ID
+other than RINGTRAIN_RUN_ID, are read as torchrun's: the process is a worker of a torchrun
+(or other launcher) that ringrun started on each host.
 
-Read in every dialect: TORCHELASTIC_USE_AGENT_STORE (torchrun's agent hosts the store),
-GLOO_SOCKET_IFNAME (the interface Gloo binds) and RINGTRAIN_JOB_SECRET (ringrun's per-job
-key for what ringtrain writes to the store, see :mod:`ringtrain.signing`). A resizable
-job (``ringrun --min-np/--max-np``) also sets RINGTRAIN_WORLD_VERSION (which of the job's
+TORCHELASTIC_USE_AGENT_STORE (torchrun's agent hosts the store, rank 0 is a client too) is
+read in torchrun's dialect only: no other launcher has an agent store, and the variable
+inherited from a torchrun worker that started ringrun, mpirun or srun would make rank 0
+wait for a store that nobody serves.
+
+Read in every dialect: GLOO_SOCKET_IFNAME (the interface Gloo binds) and
+RINGTRAIN_JOB_SECRET (ringrun's per-job key for what ringtrain writes to the store, see
+:mod:`ringtrain.signing`). A resizable job (``ringrun --min-np/--max-np``) also sets RINGTRAIN_WORLD_VERSION (which of the job's
 successive worlds this is) and RINGTRAIN_ELASTIC_FILE (where ringrun writes the next one,
 see :mod:`ringtrain.assignment`).
 
@@ -296,9 +301,12 @@ def _from_slurm(env: Mapping[str, str]) -> LaunchEnv:
 
 def parse_env(env: Mapping[str, str]) -> LaunchEnv:
     """Describe this process's place in the job from its environment variables."""
+    dialect = _dialect(env)
     return dataclasses.replace(
-        _dialect(env),
-        agent_store=env.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true",
+        dialect,
+        # Only torchrun's workers have an agent store (see the module docstring).
+        agent_store=(dialect.launcher == "torchrun"
+                     and env.get("TORCHELASTIC_USE_AGENT_STORE", "").strip().lower() == "true"),
         gloo_interface=env.get("GLOO_SOCKET_IFNAME") or None,
         secret=env.get("RINGTRAIN_JOB_SECRET", ""),
         version=_opt_int(env, "RINGTRAIN_WORLD_VERSION", 0) or 0,
@@ -334,11 +342,19 @@ def _relaunched(env: Mapping[str, str]) -> bool:
     """ringrun's variables, but RANK / WORLD_SIZE that are not its own: a launcher that
     ringrun started (``ringrun -H a:1,b:1 torchrun --nproc-per-node 4 ...``) set them for
     this process, which is one of its workers, not one of ringrun's ranks. ringrun
-    always sets both names to the same values (also in a resizable job's assignments)."""
+    always sets both names to the same values (also in a resizable job's assignments).
+
+    A torchrun with one worker per ringrun rank (``ringrun -np 2 sh -c 'torchrun --nnodes 2
+    --nproc-per-node 1 --node-rank $RINGTRAIN_RANK ...'``) gives its workers ringrun's rank
+    and size, but its own run id, store (MASTER_PORT) and restart count: ringrun sets
+    TORCHELASTIC_RUN_ID to RINGTRAIN_RUN_ID, so another run id is another launcher's."""
     if "RANK" not in env or "WORLD_SIZE" not in env:
         return False
     ours = (env.get("RINGTRAIN_RANK", "").strip(), env.get("RINGTRAIN_SIZE", "").strip())
-    return (env["RANK"].strip(), env["WORLD_SIZE"].strip()) != ours
+    if (env["RANK"].strip(), env["WORLD_SIZE"].strip()) != ours:
+        return True
+    run_id, our_run_id = env.get("TORCHELASTIC_RUN_ID"), env.get("RINGTRAIN_RUN_ID")
+    return run_id is not None and our_run_id is not None and run_id.strip() != our_run_id.strip()
 
 
 def _dialect(env: Mapping[str, str]) -> LaunchEnv:
