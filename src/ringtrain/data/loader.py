@@ -173,7 +173,12 @@ class _EpochIterator:
 
     def __next__(self) -> Any:
         events.check_stop()  # `ringtrain doctor` has its steps: leave before the next batch
-        return self._loader._next(self._gen)
+        loader = self._loader
+        if self._gen != loader._gen and loader._skip is not None and loader._skip[0] == self._gen:
+            # The loop caught the error of this iterator's last next() and goes on:
+            # as DataLoader's iterator does, it gets the batches after the failed one.
+            self._gen = loader._resume_after_error(self)
+        return loader._next(self._gen)
 
     def __len__(self) -> int:
         plan = self._loader._plan
@@ -351,6 +356,11 @@ class Loader:
         # The pass that a new pass (or load_state_dict) ended while unfinished: (its
         # generation, what ended it, epoch, batches handed out, batches in all).
         self._ended: tuple[int, str, int, int, int] | None = None
+        # After a batch failed to load (an exception from the dataset, a collate_fn, a
+        # worker): the failed pass's generation, where the loader stood then, and the
+        # position just past the failed batch, for a loop that catches the error and
+        # calls next() on the same iterator again (see _resume_after_error).
+        self._skip: tuple[int, int, tuple[int, int, tuple[Stage, ...]], tuple[int, int, tuple[Stage, ...]]] | None = None
 
         self._on_device = getattr(collate_fn, "on_device", None)
         self._images = _image_decoding(dataset)
@@ -763,16 +773,23 @@ class Loader:
                 batch = self._load_here(self._yielded, pinned=False)
             if self._on_device is not None and not self._cuda:
                 batch = self._on_device(batch, self.device)
-        except BaseException:
+        except BaseException as exc:
             # This iteration is over. Iterating again starts fresh workers and goes on
             # right after the last batch handed out (as a resume from state_dict() would):
             # the batches before it were trained on already.
+            resumed = plan.resumed if isinstance(plan, ShardPlan) else ()
             self._gen += 1
             self._active = False
             self._epoch, self._start, self._resumed = self._normalise(
-                plan.epoch, plan.position_after(self._yielded),
-                plan.resumed if isinstance(plan, ShardPlan) else (), plan.world_size)
+                plan.epoch, plan.position_after(self._yielded), resumed, plan.world_size)
             self._start_world = plan.world_size
+            self._skip = None
+            if isinstance(exc, Exception):
+                # A next() on this same iterator skips the failed batch, as DataLoader's
+                # does; it used to end the epoch there (StopIteration), its other
+                # batches never trained on, silently.
+                self._skip = (gen, plan.epoch, (self._epoch, self._start, self._resumed), self._normalise(
+                    plan.epoch, plan.position_after(self._yielded + 1), resumed, plan.world_size))
             self._feed.fail()
             raise
         t1 = time.perf_counter()
@@ -791,6 +808,28 @@ class Loader:
                 self._set_workers(change)
         self._gap_from = time.perf_counter()
         return batch
+
+    def _resume_after_error(self, it: _EpochIterator) -> int:
+        """A next() on the iterator whose last next() raised (:attr:`_skip`): when nothing
+        moved the loader since (no iter(), set_epoch() or load_state_dict()), start a
+        pass just past the failed batch and hand ``it`` its generation; else ``it``'s
+        own (stale: its pass is over)."""
+        assert self._skip is not None
+        _, epoch, stood, after = self._skip
+        self._skip = None
+        if self._active or (self._epoch, self._start, self._resumed) != stood:
+            return it._gen
+        self._epoch, self._start, self._resumed = after
+        if after[0] != epoch:
+            # The failed batch was the epoch's last: the pass ends here (StopIteration),
+            # as DataLoader's does, and the next one is the next epoch.
+            self._start_world = None
+            self._finished = epoch
+            return it._gen
+        fresh = iter(self)
+        assert isinstance(fresh, _EpochIterator)
+        self._iter_ref = weakref.ref(it)
+        return fresh._gen
 
     def _settle(self) -> None:
         """End the iteration that has handed out every batch of its epoch: the next one

@@ -271,8 +271,14 @@ def _reduce_mixed(self: WorkerError) -> tuple[Any, tuple[str, type]]:
 def _worker_main(wid: int, num_workers: int, conn: Connection, dataset: Any,
                  collate_fn: Callable[[list[Any]], Any] | None, seed: int,
                  seed_batches: bool, worker_init_fn: Callable[[int], None] | None,
-                 parent_pid: int, inherited: list[Connection]) -> None:
+                 inherited: list[Connection]) -> None:
     global _WORKER_INFO
+    # The process that started this worker: the training process (fork, spawn) or
+    # multiprocessing's fork server (forkserver), which exits with the training process.
+    # Either way the worker's parent changes once the training process is gone. (Held
+    # against the training process's pid, a forkserver worker took itself for an orphan
+    # at its first idle second and exited: WorkerDiedError "exited with status 0".)
+    started_by = os.getppid()
     for theirs in inherited:  # the training process's socket ends (see WorkerPool._start_one)
         theirs.close()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the training process's job
@@ -302,14 +308,17 @@ def _worker_main(wid: int, num_workers: int, conn: Connection, dataset: Any,
         try:
             worker_init_fn(wid)
         except Exception as err:
-            conn.send(encode(InitFailed(f"{_who()}: worker_init_fn raised:\n"
-                                        + traceback.format_exc().rstrip(), error_class(err))))
+            try:
+                _post(conn, InitFailed(f"{_who()}: worker_init_fn raised:\n"
+                                       + traceback.format_exc().rstrip(), error_class(err)))
+            except _TrainingProcessGone:
+                pass
             return
     readable = select.poll()  # Connection.poll would build a selector per message
     readable.register(conn.fileno(), select.POLLIN)
     while True:
         if not readable.poll(1000):
-            if os.getppid() != parent_pid:
+            if os.getppid() != started_by:
                 return  # the training process is gone: exit instead of lingering
             continue
         try:
@@ -317,8 +326,12 @@ def _worker_main(wid: int, num_workers: int, conn: Connection, dataset: Any,
         except (EOFError, OSError):
             return
         if type(msg) is Task:
-            _run_task(conn, msg, indexers[msg.plan_id], slots, dataset, collate_fn,
-                      seed_halves, seed_batches)
+            try:
+                _run_task(conn, msg, indexers[msg.plan_id], slots, dataset, collate_fn,
+                          seed_halves, seed_batches)
+            except _TrainingProcessGone:
+                slots.close()
+                return  # nobody to answer: exit quietly, as the training process went
         elif type(msg) is Plan:
             # Tasks of the plan before this one may still be queued: keep its indexer.
             indexers = {k: v for k, v in indexers.items() if k >= msg.plan_id - 1}
@@ -366,7 +379,7 @@ def _run_task(conn: Connection, task: Task, indexer: BatchIndexer | ShardIndexer
             arena = Arena(slots.array(slot_id))
             try:
                 out = load_batch(dataset, indices, collate_fn, arena.alloc, reseed)
-                conn.send(encode(Done(seq, slot_id, pack(out, arena))))
+                _post(conn, Done(seq, slot_id, pack(out, arena)))
                 return
             except SlotFull:
                 pass  # too big for the slot: send it whole, the parent grows the slots
@@ -377,20 +390,22 @@ def _run_task(conn: Connection, task: Task, indexer: BatchIndexer | ShardIndexer
                 _seed_batch(seed)
             out = load_batch(dataset, indices, collate_fn, fresh_alloc, reseed, task.part > 0)
         _send_in_own_file(conn, seq, slot_id, out)
+    except _TrainingProcessGone:
+        raise
     except SampleError as err:
         cause = err.__cause__ or err
         where = (f"sample index {err.index}" if isinstance(err.index, int)
                  else f"__getitems__ for sample indices {_short(err.index)}")
-        conn.send(encode(Failed(seq, slot_id, f"{_who()} raised {type(cause).__name__} at "
-                                f"{where} (batch {plan.first_batch + batch} of epoch "
-                                f"{plan.epoch}):\n"
-                                + "".join(traceback.format_exception(cause)).rstrip(),
-                                error_class(cause))))
+        _post(conn, Failed(seq, slot_id, f"{_who()} raised {type(cause).__name__} at "
+                           f"{where} (batch {plan.first_batch + batch} of epoch "
+                           f"{plan.epoch}):\n"
+                           + "".join(traceback.format_exception(cause)).rstrip(),
+                           error_class(cause)))
     except Exception as err:
-        conn.send(encode(Failed(seq, slot_id, f"{_who()} raised {type(err).__name__} while "
-                                f"collating sample indices {_short(indexer(batch).tolist())} "
-                                f"(batch {plan.first_batch + batch} of epoch {plan.epoch}):\n"
-                                + traceback.format_exc().rstrip(), error_class(err))))
+        _post(conn, Failed(seq, slot_id, f"{_who()} raised {type(err).__name__} while "
+                           f"collating sample indices {_short(indexer(batch).tolist())} "
+                           f"(batch {plan.first_batch + batch} of epoch {plan.epoch}):\n"
+                           + traceback.format_exc().rstrip(), error_class(err)))
 
 
 def _send_in_own_file(conn: Connection, seq: int, slot_id: int, out: Any) -> None:
@@ -407,10 +422,30 @@ def _send_in_own_file(conn: Connection, seq: int, slot_id: int, out: Any) -> Non
         used = arena.used
         del arena  # its array exports the map: release it before closing the map
         mm.close()
-        conn.send(encode(Oversize(seq, slot_id, spec, used)))
-        send_handle(conn, fd, os.getppid())
+        _post(conn, Oversize(seq, slot_id, spec, used))
+        try:
+            send_handle(conn, fd, os.getppid())
+        except OSError as err:
+            raise _TrainingProcessGone from err
     finally:
         os.close(fd)
+
+
+class _TrainingProcessGone(Exception):
+    """The worker's socket to the training process broke: that process died (SIGKILL,
+    SIGTERM, the OOM killer) while the worker was loading a batch."""
+
+
+def _post(conn: Connection, msg: Any) -> None:
+    """Send ``msg`` to the training process. A broken socket is
+    :class:`_TrainingProcessGone`, so that the worker exits without a word: reported
+    as a failure of the batch, its ``BrokenPipeError`` was sent on the same broken
+    socket, and each worker printed two tracebacks on the terminal of a training
+    process killed mid-epoch (DataLoader's workers exit silently there)."""
+    try:
+        conn.send(encode(msg))
+    except OSError as err:
+        raise _TrainingProcessGone from err
 
 
 def _who() -> str:
@@ -522,7 +557,7 @@ class WorkerPool:
             target=_worker_main, name=f"ringtrain-loader-{wid}", daemon=True,
             args=(wid, max(n, wid + 1), child_conn, self._dataset, self._collate_fn,
                   self.worker_seed(start),
-                  self._seed_batches, self._init_fn, os.getpid(), theirs))
+                  self._seed_batches, self._init_fn, theirs))
         proc.start()
         child_conn.close()  # so the worker's end lives only in the worker
         readable = select.poll()
