@@ -80,9 +80,9 @@ class Membership:
         #: and whether GLOO_SOCKET_IFNAME was set by join() (then each world picks its own).
         self._assigned: dict[str, str] = {}
         self._gloo_iface_ours = False
-        #: The script's own default group this world joined (weak: the script's
-        #: destroy_process_group() must free it, and its store with it).
-        self._script_group: weakref.ref[Any] | None = None
+        #: The default group this world is on, the script's own or the one join() made
+        #: (weak: the script's destroy_process_group() must free it, and its store with it).
+        self._group: weakref.ref[Any] | None = None
 
     # -- reads -----------------------------------------------------------------------------
 
@@ -102,10 +102,11 @@ class Membership:
         """Join the job described by the environment (laid over with the assigned world);
         a no-launcher run is a 1-process world. Joined already: the current world."""
         if self.world is not None:
-            if not self._script_group_gone():
+            if not self._group_gone():
                 return self.world
-            # The script destroyed the group this world was joined to (a second phase of
-            # a job: destroy_process_group(), init_process_group(), rt.init()): what the
+            # The script destroyed the group this world was on (a second phase of a job:
+            # destroy_process_group(), then init_process_group() and rt.init(), or
+            # rt.init() alone, as the DDP tutorials' cleanup() ends a phase): what the
             # layers above hold of it goes, and the process joins what is there now.
             log.info("the process group rt.init() joined is gone (destroy_process_group()): joining anew")
             self._run_hooks_leniently("re-init")
@@ -147,6 +148,7 @@ class Membership:
                       else pg_timeout)
         dist.init_process_group(chosen, store=store, rank=env.rank, world_size=env.size, timeout=op_timeout)
         self.store = store
+        self._group = _default_group_ref()
         self.world = World(env=env, backend=chosen, device=dev, settings=cfg, owns_group=True)
         log.info("joined %s world of %d (backend %s, device %s)", env.launcher, env.size, chosen, dev)
         if env.elastic_file:
@@ -177,22 +179,27 @@ class Membership:
             warnings.warn(f"rt.init(backend={requested!r}) has no effect: the script initialised "
                           f"torch.distributed itself and ringtrain uses that group ({name}); pass the "
                           "backend to init_process_group() instead", stacklevel=5)
-        self._script_group = weakref.ref(c10d._get_default_group())
+        self._group = weakref.ref(c10d._get_default_group())
         world = World(env=env, backend=name, device=dev, settings=cfg, owns_group=False)
         log.info("joined the existing %s group of %d (device %s)", name, env.size, dev)
         return world, store
 
-    def _script_group_gone(self) -> bool:
-        """Whether this world is on a group of the script's that is no longer its default
-        group (destroyed, or destroyed and made again)."""
-        if self._script_group is None:
+    def _group_gone(self) -> bool:
+        """Whether the group this world is on is no longer the default group (the script
+        destroyed it, and maybe made another)."""
+        if self._group is None:
             return False
-        joined = self._script_group()
+        joined = self._group()
         return joined is None or not dist.is_initialized() or joined is not c10d._get_default_group()
+
+    def _on_own_group(self, w: World) -> bool:
+        """Whether ``w`` is on a group join() made that is still the default group (not
+        one the script made itself, nor one it made after destroying ours)."""
+        return w.owns_group and dist.is_initialized() and not self._group_gone()
 
     def _forget_world(self) -> None:
         self.world = self.store = None
-        self._script_group = None
+        self._group = None
         self.rendezvous.left_joined()
 
     @staticmethod
@@ -223,8 +230,10 @@ class Membership:
         for fn in list(self._hooks):
             fn()
         inflight.drain()
-        if w.owns_group and dist.is_initialized():
-            dist.destroy_process_group()  # a group the script made itself is the script's to end
+        # A group the script made itself is the script's to end, and so is one it made
+        # after destroying ours.
+        if self._on_own_group(w):
+            dist.destroy_process_group()
         if w.owns_group and w.env.size > 1 and self.store is not None:
             wait_for_everyone_to_leave(self.store, w.env, w.settings)
         self._forget_world()
@@ -247,10 +256,10 @@ class Membership:
         """
         w = self.world
         if w is not None:
-            if w.owns_group and w.backend == "nccl" and dist.is_initialized():
+            if self._on_own_group(w) and w.backend == "nccl":
                 _abort_all_groups()
             self._run_hooks_leniently("abandon")
-            if w.owns_group and dist.is_initialized():
+            if self._on_own_group(w):
                 try:
                     dist.destroy_process_group()
                 except Exception as exc:  # noqa: BLE001 - the world is gone whatever it raised
@@ -402,3 +411,12 @@ def _abort_all_groups() -> None:
 
 #: The process's one membership (a process is in at most one world at a time).
 MEMBERSHIP = Membership()
+
+
+def _default_group_ref() -> weakref.ref[Any] | None:
+    """A weak reference to the default group, None where there is none to watch (a test
+    that stands in for init_process_group)."""
+    try:
+        return weakref.ref(c10d._get_default_group())
+    except (ValueError, RuntimeError):
+        return None

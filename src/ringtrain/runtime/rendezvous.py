@@ -10,6 +10,14 @@ world, and connects anew to each world's rank 0. ``rt.init() -> rt.shutdown() ->
 rt.init()`` (Horovod's suites do it every test) reuses the connection and, on rank 0, the
 server, so no rank can reach a store that is going away; each world and each restart
 attempt rendezvouses under its own prefix, so no key of an earlier one is ever read.
+
+Rank 0's server is torch's multi-tenant one, as torch's env:// rendezvous makes: a script's
+own ``init_process_group()`` on ``MASTER_PORT`` after ``rt.shutdown()`` shares it instead
+of failing to bind the port, and ``rt.init()`` shares a server the script's destroyed group
+left listening there, as every rank of a torchrun job shares the agent's store. Two
+groups of the script's one after the other on that shared server (``init_process_group()``,
+``destroy_process_group()``, ``init_process_group()``) meet the first one's keys, as under
+torchrun.
 """
 
 from __future__ import annotations
@@ -142,8 +150,18 @@ class Rendezvous:
         """Rank 0's store: served here (``serve``), else a client connection to it."""
         assert env.master_port is not None
         if serve:
+            # multi_tenant: torch's env:// and tcp:// rendezvous share a server this process
+            # already runs on their port (as every rank of a torchrun job is a client of the
+            # agent's store), so the script's own init_process_group() after rt.shutdown()
+            # finds MASTER_PORT served, not taken (EADDRINUSE).
+            try:
+                listen_fd = _store_listener(env)
+            except LaunchEnvError:
+                if not _listens_here(env.master_port):
+                    raise
+                return _share_scripts_server(env, timeout)
             return dist.TCPStore(env.master_addr, env.master_port, env.size, True, timeout=timeout,
-                                 wait_for_workers=False, master_listen_fd=_store_listener(env))
+                                 wait_for_workers=False, multi_tenant=True, master_listen_fd=listen_fd)
         try:
             return dist.TCPStore(env.master_addr, env.master_port, env.size, False, timeout=timeout)
         except RuntimeError as exc:
@@ -167,7 +185,7 @@ class Rendezvous:
         reserved.detach()
         try:
             self._own_server = dist.TCPStore(str(addr), int(port), None, True, timeout=timeout,
-                                             wait_for_workers=False,
+                                             wait_for_workers=False, multi_tenant=True,
                                              master_listen_fd=sockets.listen_on(env.store_fd))
         except (OSError, RuntimeError) as exc:
             raise LaunchEnvError(f"cannot serve this worker's rendezvous on {addr}:{port} ({exc}); "
@@ -176,6 +194,42 @@ class Rendezvous:
         # Never severed (see Membership.sever): what existed before (the script's own
         # connections) and the server's connection to itself, made just now.
         self.spared = frozenset(before | set(sever.socket_inodes()))
+
+
+def _listens_here(port: int) -> bool:
+    """Whether this process has a socket listening on ``port`` (``/proc/self/net``)."""
+    inodes = sever.socket_inodes()
+    for table in ("tcp", "tcp6"):
+        try:
+            with open(f"/proc/self/net/{table}") as f:
+                lines = f.read().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            parts = line.split()
+            if (len(parts) >= 10 and parts[3] == "0A" and int(parts[9]) in inodes
+                    and int(parts[1].rsplit(":", 1)[1], 16) == port):
+                return True
+    return False
+
+
+def _share_scripts_server(env: LaunchEnv, timeout: datetime.timedelta) -> dist.Store:
+    """Rank 0's store when this process already serves ``MASTER_PORT``: the server of a
+    group the script made itself (``init_process_group()``), destroyed while an object of
+    it (a DDP module) still holds its store, so the server still listens. torchrun's
+    ranks are all clients of its agent's store, so this works there: share that server
+    (torch's multi-tenant store), which every other rank reaches at the same address.
+    Only a server torch shares (its env:// and tcp:// rendezvous make one) can be."""
+    assert env.master_port is not None
+    try:
+        return dist.TCPStore(env.master_addr, env.master_port, env.size, True, timeout=timeout,
+                             wait_for_workers=False, multi_tenant=True)
+    except RuntimeError as exc:
+        raise LaunchEnvError(
+            f"rank 0 cannot serve the rendezvous on {env.master_addr}:{env.master_port}: a store "
+            f"server of this script's own still listens there ({first_line(exc)}); drop what holds "
+            "its destroyed process group (a DDP module), or create that store with "
+            "multi_tenant=True") from None
 
 
 def tcp_store_of(store: dist.Store) -> dist.TCPStore | None:

@@ -75,6 +75,7 @@ def _gather_places(size: int, group: Any) -> list[tuple[int, int]]:
     env = runtime.world().env
     mine = torch.tensor([env.local_rank, env.local_size], dtype=torch.int64)
     parts = [torch.empty(2, dtype=torch.int64) for _ in range(size)]
+    inflight.hold(mine, *parts)
     dist.all_gather(parts, mine, group=group)
     return [(int(p[0]), int(p[1])) for p in parts]
 
