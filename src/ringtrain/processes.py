@@ -5,8 +5,9 @@ torch, and worker-side code (the loader) uses it without the launcher.
 
 - :class:`Child`: a process in a session (process group) of its own, so stopping it
   also stops what it started (data-loader workers, shells); killed by the kernel when
-  its parent dies (``PR_SET_PDEATHSIG``, :func:`die_with_parent`); its output (stdout
-  and stderr together) read by a pump thread in bounded pieces (:func:`pieces`); the
+  its parent dies (``PR_SET_PDEATHSIG``, :func:`die_with_parent`); its stdout and its
+  stderr, each on a pipe of its own, read by a pump thread each in bounded pieces
+  (:func:`pieces`), so a launcher can keep them apart as mpirun and torchrun do; the
   moment it exited noted by a waiter thread (:attr:`Child.exited_at`), so a launcher
   can tell which of several processes failed first.
 - :func:`stop_sequence`: the one way to stop processes: ask every member at once, wait
@@ -211,7 +212,7 @@ def _signal_group(pgid: int, sig: int) -> None:
 
 
 class Child:
-    """A started process in its own session whose output a pump thread reads (see the
+    """A started process in its own session whose output two pump threads read (see the
     module docstring). Raises OSError when the command cannot be started."""
 
     def __init__(self, argv: Sequence[str], env: dict[str, str], cwd: str | None = None,
@@ -219,11 +220,13 @@ class Child:
         self.proc = subprocess.Popen(
             # stdin: our own with ``inherit_stdin`` (a launcher's rank 0), else nothing to read
             list(argv), env=env, cwd=cwd, stdin=None if inherit_stdin else subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT, start_new_session=True, pass_fds=tuple(pass_fds),
+            # Two pipes: a rank's stderr reaches the launcher's stderr (mpirun, torchrun
+            # and Horovod's launcher keep the streams apart: `2> err.log`, `| tee`).
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            start_new_session=True, pass_fds=tuple(pass_fds),
             preexec_fn=die_with_parent,
         )
-        self._pump: threading.Thread | None = None
+        self._pumps: list[threading.Thread] = []
         #: ``time.monotonic()`` when the process was first known to have exited (by the
         #: waiter thread :meth:`pump` starts, else by :meth:`poll`); None while it runs.
         self.exited_at: float | None = None
@@ -233,19 +236,25 @@ class Child:
         """The process's id, which is also its process group's (it leads its session)."""
         return self.proc.pid
 
-    def pump(self, on_piece: Callable[[bytes, bool], None]) -> None:
-        """Hand every piece of output to ``on_piece(piece, partial)`` on a thread of its own.
+    def pump(self, on_piece: Callable[[bytes, bool], None],
+             on_error_piece: Callable[[bytes, bool], None] | None = None) -> None:
+        """Hand every piece of stdout to ``on_piece(piece, partial)`` and every piece of
+        stderr to ``on_error_piece`` (``on_piece`` too when None), each pipe on a thread
+        of its own: the order within each stream is kept, not across the two.
 
-        ``on_piece`` must never raise: the thread has to keep draining the pipe whatever
+        Neither callback may raise: each thread has to keep draining its pipe whatever
         happens to the output, or the process blocks writing."""
-        def copy() -> None:
-            assert self.proc.stdout is not None
-            for piece, partial in pieces(self.proc.stdout):
-                on_piece(piece, partial)
-            self.proc.stdout.close()
+        def copy(stream: IO[bytes] | None, deliver: Callable[[bytes, bool], None]) -> None:
+            assert stream is not None
+            for piece, partial in pieces(stream):
+                deliver(piece, partial)
+            stream.close()
 
-        self._pump = threading.Thread(target=copy, daemon=True)
-        self._pump.start()
+        streams = ((self.proc.stdout, on_piece), (self.proc.stderr, on_error_piece or on_piece))
+        for stream, deliver in streams:
+            pump = threading.Thread(target=copy, args=(stream, deliver), daemon=True)
+            pump.start()  # appended once started: join_output never joins an unstarted one
+            self._pumps.append(pump)
         # The poll loops that watch a job look every few tens of milliseconds, in a fixed
         # order: two ranks that exit between two looks would be told apart by their
         # rank, not by who went first. The waiter wakes when the process exits.
@@ -265,9 +274,11 @@ class Child:
             self.exited_at = when
 
     def join_output(self, timeout: float) -> None:
-        """Wait (bounded) until the output is drained: its last lines come before its exit."""
-        if self._pump is not None:
-            self._pump.join(timeout)
+        """Wait (bounded: ``timeout`` in all) until both pipes are drained: its last lines
+        come before its exit."""
+        deadline = time.monotonic() + timeout
+        for pump in self._pumps:
+            pump.join(max(0.0, deadline - time.monotonic()))
 
     def poll(self) -> int | None:
         code = self.proc.poll()

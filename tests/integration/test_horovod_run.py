@@ -66,10 +66,11 @@ def test_values_come_back_with_output_in_rank_files(marked: str, tmp_path: Path)
         hvd.init()
         return hvd.rank() * 10
 
-    # --output-filename: the ranks' output goes to rank.N.log and, as in Horovod, to the
-    # terminal, where the values come back
+    # --output-filename: the ranks' output goes to rank.N/stdout and stderr and, as in
+    # Horovod, to the terminal, where the values come back
     assert hvd.run(rank, num_proc=2, output_filename=str(tmp_path / "logs")) == [0, 10]
-    assert sorted(os.listdir(tmp_path / "logs")) == ["rank.0.log", "rank.1.log"]
+    assert sorted(os.listdir(tmp_path / "logs")) == ["rank.0", "rank.1"]
+    assert sorted(os.listdir(tmp_path / "logs" / "rank.0")) == ["stderr", "stdout"]
     assert_no_orphans(marked)
 
 

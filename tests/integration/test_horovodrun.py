@@ -37,7 +37,7 @@ def test_horovod_style_script_runs_under_horovodrun(tmp_path: Path) -> None:
         f"[1] hvd rank=1/2 local=1/2 cross=0/1 host=localhost {both} sum=1",
     ]
     for rank in (0, 1):
-        assert f"hvd rank={rank}/2 " in (logs / f"rank.{rank}.log").read_text()
+        assert f"hvd rank={rank}/2 " in (logs / f"rank.{rank}" / "stdout").read_text()
     assert_no_orphans(marker)
 
 

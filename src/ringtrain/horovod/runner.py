@@ -138,6 +138,11 @@ def run(func: Callable[..., Any], args: Sequence[Any] = (), kwargs: dict[str, An
     return values[:min_num_proc] if min_num_proc is not None else values
 
 
+#: A rank's line on horovodrun's stderr: ``[N] ``, after the time with
+#: ``prefix_output_with_timestamp`` (``time.asctime()``'s form).
+_RANK_LINE = re.compile(r"(\w{3} \w{3} [ \d]\d \d\d:\d\d:\d\d \d{4})?\[\d+\] ")
+
+
 def _drive(cmd: list[str], env: dict[str, str], token: str) -> tuple[int, dict[int, Any], str]:
     """Start horovodrun, pass its output on without the result lines, and collect them.
 
@@ -162,7 +167,9 @@ def _drive(cmd: list[str], env: dict[str, str], token: str) -> tuple[int, dict[i
         assert proc.stderr is not None
         for raw in proc.stderr:
             text = raw.decode(errors="replace")
-            if text.strip():
+            # Not the ranks' lines: their stderr (tracebacks) comes here too, and may end
+            # after the launcher's own summary of the job, the line the error names.
+            if text.strip() and not _RANK_LINE.match(text):
                 err_lines.append(text.strip())
             sys.stderr.write(text)
             sys.stderr.flush()

@@ -22,9 +22,11 @@ ringrun -> agent   ``{json}``         the spec: cwd, command, ranks with their e
                                       SIGINT / SIGHUP ringrun got), when input ends
 ringrun <- agent   ``L <port>``       rank 0's rendezvous port is reserved (bound) on this port
                    ``S <rank> <pid>`` a worker started
-                   ``O <rank> <text>``  one line of a worker's output
+                   ``O <rank> <text>``  one line of a worker's stdout
                    ``P <rank> <text>``  a piece of a longer line (at most 64 KiB; the
                                       newline ending this protocol line is not in it)
+                   ``O2 <rank> <text>``, ``P2 <rank> <text>``  the same for its stderr,
+                                      which ringrun writes to its own stderr
                    ``X <rank> <code>``  a worker exited (negative: killed by that signal)
                    ``E <message>``    the agent could not do what the spec asked
                    ``F <message>``    as ``E``, for a rank that could not be started and
@@ -216,10 +218,11 @@ class _Agent:
             if self.watchdog is not None:
                 self.watchdog.watch_group(proc.pid)
             self.send(f"S {rank} {proc.pid}".encode())
-            proc.pump(self._relay_output(rank))
+            proc.pump(self._relay_output(rank, ""), self._relay_output(rank, "2"))
 
-    def _relay_output(self, rank: int) -> Callable[[bytes, bool], None]:
-        line_head, piece_head = f"O {rank} ".encode(), f"P {rank} ".encode()
+    def _relay_output(self, rank: int, stream: str) -> Callable[[bytes, bool], None]:
+        """Relay one stream of ``rank``'s output: ``stream`` "" for stdout, "2" for stderr."""
+        line_head, piece_head = f"O{stream} {rank} ".encode(), f"P{stream} {rank} ".encode()
 
         def relay(piece: bytes, partial: bool) -> None:
             # Bounded pieces: a 200 MB line costs one piece of memory here and in ringrun.

@@ -29,14 +29,15 @@ from ringtrain.launch import slurm
 from ringtrain.launch.elastic.worlds import ElasticConfig
 from ringtrain.launch.hosts import Host, is_local_host, parse_hostfile, parse_hosts, place_ranks
 from ringtrain.launch.job import STOP_GRACE_S, JobConfig
-from ringtrain.launch.output import check_output_dir
+from ringtrain.launch.output import LAYOUTS, check_output_dir
 from ringtrain.launch.slots import local_slots
 from ringtrain.launch.ssh import SshOptions, parse_ssh_option
 from ringtrain.launch.start import run_job
 from ringtrain.processes import RESULT_MARKER_ENV
 from ringtrain.settings import env_name, flag_specs, settings_env, unknown_variables
 
-__all__ = ["STOP_SIGNALS", "build_config", "build_parser", "main", "missing_script"]
+__all__ = ["STOP_SIGNALS", "TORCHRUN_AGENT_VARIABLES", "build_config", "build_parser",
+           "drop_torchrun_agent_variables", "main", "missing_script"]
 
 
 # torchrun's flags that ringrun does not take, and what to write instead: a torchrun
@@ -44,8 +45,8 @@ __all__ = ["STOP_SIGNALS", "build_config", "build_parser", "main", "missing_scri
 #: ``--stop-signal``'s names (``TERM``, ``SIGTERM`` and ``term`` alike).
 STOP_SIGNALS = {"INT": int(signal.SIGINT), "TERM": int(signal.SIGTERM), "HUP": int(signal.SIGHUP)}
 _RDZV = "ringrun is the job's rendezvous: drop the flag (--master-addr/--master-port set its address)"
-_LOGS = ("--output-filename DIR writes each rank's output to DIR/rank.N.log (--output-tee: "
-         "and to the terminal)")
+_LOGS = ("--output-filename DIR writes each rank's output to DIR/rank.N.log (--output-layout horovod: "
+         "DIR/rank.N/stdout and stderr; --output-tee: and to the terminal)")
 TORCHRUN_HINTS = {
     "--nproc-per-node": "ringrun takes the job's total, -np N (with -H host1:K,host2:K for K per host)",
     "--nnodes": "ringrun lists the hosts with -H host1:K,host2:K (or --hostfile); "
@@ -109,7 +110,11 @@ def build_parser() -> argparse.ArgumentParser:
                               "every slot up to --max-np, a failed rank's host leaves with all its "
                               "ranks (docs/launch.md)")
     p.add_argument("--output-filename", metavar="DIR",
-                   help="write each rank's output to DIR/rank.N.log instead of the terminal")
+                   help="write each rank's output to DIR/rank.N.log (stdout and stderr) instead "
+                        "of the terminal")
+    p.add_argument("--output-layout", choices=LAYOUTS, default=None,
+                   help="with --output-filename: 'log' (default) DIR/rank.N.log; 'horovod' "
+                        "DIR/rank.N/stdout and DIR/rank.N/stderr, N zero-padded (horovodrun's)")
     p.add_argument("--output-tee", action="store_true",
                    help="with --output-filename: show the ranks' output on the terminal too")
     p.add_argument("--no-prefix", action="store_true", help="do not prefix output lines with [rank]")
@@ -153,6 +158,10 @@ def _check_command(command: list[str]) -> None:
     if not command:
         raise ConfigError("no command given; e.g. 'ringrun -np 2 python train.py'")
     exe = command[0]
+    if exe.endswith(".py") and os.path.isfile(exe) and not os.access(exe, os.X_OK):
+        # torchrun's spelling (it runs the script with its own interpreter).
+        raise ConfigError(f"{exe!r} is a Python script: write 'ringrun ... python {exe}' "
+                          "(torchrun adds python itself; ringrun runs the command it is given)")
     if os.sep in exe:
         if os.path.isdir(exe):
             raise ConfigError(f"command {exe!r} is a directory; give the program to run, "
@@ -356,6 +365,9 @@ def build_config(argv: list[str]) -> JobConfig:
     elif args.output_tee:
         raise ConfigError("--output-tee shows the output that --output-filename DIR writes to "
                           "files on the terminal too; add --output-filename DIR, or drop --output-tee")
+    elif args.output_layout:
+        raise ConfigError("--output-layout names the files --output-filename DIR writes; add "
+                          "--output-filename DIR, or drop --output-layout")
     if args.master_port is not None and not 0 < args.master_port < 65536:
         raise ConfigError(f"--master-port {args.master_port} is not a TCP port; use 1..65535")
     warnings: list[str] = []
@@ -390,6 +402,7 @@ def build_config(argv: list[str]) -> JobConfig:
         prefix_output=not args.no_prefix,
         timestamp_output=args.timestamp_output,
         tee_output=args.output_tee,
+        output_layout=args.output_layout or "log",
         extra_env=exported,
         master_addr=args.master_addr,
         master_port=args.master_port,
@@ -413,7 +426,23 @@ def launch_warnings(cfg: JobConfig) -> list[str]:
     return [*cfg.warnings, *unknown_variables({**os.environ, **cfg.extra_env})]
 
 
+#: torchrun's agent's own variables: a torchrun worker that started ringrun hands them
+#: on, and in ringrun's ranks they would point torch at an agent that is not there
+#: (TORCHELASTIC_USE_AGENT_STORE makes init_process_group() wait, as a client, for a
+#: store nobody serves).
+TORCHRUN_AGENT_VARIABLES = ("TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_ERROR_FILE",
+                            "TORCHELASTIC_ENABLE_FILE_TIMER", "TORCHELASTIC_TIMER_FILE")
+
+
+def drop_torchrun_agent_variables() -> None:
+    """Remove :data:`TORCHRUN_AGENT_VARIABLES` from this launcher's environment (which
+    every local rank, and every resizable job's worker, starts from)."""
+    for name in TORCHRUN_AGENT_VARIABLES:
+        os.environ.pop(name, None)
+
+
 def main(argv: list[str] | None = None) -> int:
+    drop_torchrun_agent_variables()
     try:
         cfg = build_config(list(sys.argv[1:] if argv is None else argv))
         for warning in launch_warnings(cfg):

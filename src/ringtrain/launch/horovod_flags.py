@@ -64,9 +64,9 @@ FLAGS: tuple[Flag, ...] = (
          "uses only the first)", value="str"),
     Flag(("--network-interface",), "nics", "mapped", "as --network-interfaces", value="str"),
     Flag(("--output-filename",), "output_filename", "mapped",
-         "ringrun --output-filename --output-tee: each rank's output, stdout and stderr together, "
-         "in DIR/rank.<rank>.log and, as in Horovod, on the terminal too (Horovod's files are "
-         "DIR/rank.<rank>/stdout and stderr)", value="str"),
+         "ringrun --output-filename --output-tee --output-layout horovod: as in Horovod, each "
+         "rank's stdout and stderr in DIR/rank.<rank>/stdout and stderr (the rank zero-padded) "
+         "and on the terminal too", value="str"),
     Flag(("--verbose",), "verbose", "mapped", "prints the ringrun command line it runs"),
     Flag(("--config-file",), "config_file", "mapped",
          "Horovod's YAML of these settings; flags on the command line win (needs PyYAML)", value="str"),

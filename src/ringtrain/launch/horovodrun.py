@@ -306,8 +306,9 @@ def translate(argv: list[str], environ: Mapping[str, str] | None = None) -> Tran
         if len(nics) > 1:
             warnings.append(f"{source['nics']} {','.join(nics)}: ringtrain uses the first, {nics[0]}")
     if a["output_filename"]:
-        # Horovod writes the files and shows the output on the terminal as well.
-        out += ["--output-filename", a["output_filename"], "--output-tee"]
+        # Horovod writes the files (DIR/rank.N/stdout, stderr) and shows the output on
+        # the terminal as well.
+        out += ["--output-filename", a["output_filename"], "--output-tee", "--output-layout", "horovod"]
     out += _tuning_flags(a, source)
     if fixed is not None:
         limit = DEFAULT_RESET_LIMIT if a["reset_limit"] is None else a["reset_limit"]
@@ -372,6 +373,7 @@ def probe_build(python: str = sys.executable, timeout: float = 120.0) -> dict[st
 
 
 def main(argv: list[str] | None = None) -> int:
+    cli.drop_torchrun_agent_variables()
     try:
         plan = translate(list(sys.argv[1:] if argv is None else argv))
         if plan.version:

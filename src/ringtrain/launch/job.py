@@ -71,6 +71,9 @@ class JobConfig:
     timestamp_output: bool = False
     #: With ``output_dir``: the terminal gets the ranks' output too (``--output-tee``).
     tee_output: bool = False
+    #: With ``output_dir``: the files' names (``--output-layout``, see
+    #: :data:`ringtrain.launch.output.LAYOUTS`).
+    output_layout: str = "log"
     extra_env: dict[str, str] = field(default_factory=dict)
     #: Address other hosts use to reach rank 0's rendezvous (multi-host jobs).
     master_addr: str | None = None
@@ -481,10 +484,14 @@ class JobRun:
 def job_run(cfg: JobConfig, local: bool) -> Iterator[JobRun]:
     """A run id, the output sink, signal handlers that only record, and (``local``) the
     reaper watchdog; the handlers are restored and the watchdog closed on the way out."""
+    # The rank padding of the "horovod" layout: the job's size; a resizable job's first
+    # world's, as Horovod pads by -np (whose --max-np may be unbounded).
+    size = (cfg.elastic.np or cfg.elastic.min_np) if cfg.elastic is not None else len(cfg.placements)
     run_id, sink = uuid.uuid4().hex[:12], OutputSink(cfg.output_dir, cfg.prefix_output,
                                                       timestamp=cfg.timestamp_output,
                                                       tee=cfg.tee_output,
-                                                      hide=(cfg.result_marker or "").encode())
+                                                      hide=(cfg.result_marker or "").encode(),
+                                                      layout=cfg.output_layout, size=size)
     stop_flag: list[int] = []
 
     def on_signal(signum: int, _frame: object) -> None:

@@ -27,7 +27,7 @@ from typing import Protocol
 
 from ringtrain.errors import LaunchError
 from ringtrain.launch import reaper
-from ringtrain.launch.output import OutputSink
+from ringtrain.launch.output import STDERR, STDOUT, OutputSink
 from ringtrain.processes import Child, Stoppable, start_failure, start_failure_repeats, stop_sequence
 
 __all__ = ["Member", "Rank", "StartFailure", "Worker", "stop_all", "stop_marked"]
@@ -148,7 +148,7 @@ class Worker(Rank):
             raise StartFailure(start_failure(f"{label or f'rank {rank}'} on {host}", argv, exc),
                                start_failure_repeats(exc)) from None
         try:
-            self.pump(self._write)
+            self.pump(self._write, self._write_error)
         except BaseException as exc:
             # Started but unwatched: the job does not know it yet, so end it here.
             self.force_kill()
@@ -161,7 +161,11 @@ class Worker(Rank):
     def _write(self, piece: bytes, partial: bool) -> None:
         # The sink never raises (see OutputSink.write): the pump keeps draining.
         self.tail.append(piece)
-        self._sink.write(self.rank, piece, self._file, partial)
+        self._sink.write(self.rank, piece, self._file, partial, STDOUT)
+
+    def _write_error(self, piece: bytes, partial: bool) -> None:
+        self.tail.append(piece)
+        self._sink.write(self.rank, piece, self._file, partial, STDERR)
 
     def exits(self) -> dict[int, int]:
         code = self.poll()

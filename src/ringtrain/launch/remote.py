@@ -18,7 +18,7 @@ import time
 from typing import IO, Any
 
 from ringtrain.errors import LaunchError
-from ringtrain.launch.output import OutputSink
+from ringtrain.launch.output import STDERR, STDOUT, OutputSink, RankFiles
 from ringtrain.processes import PIECE_BYTES, die_with_parent, start_failure
 
 __all__ = ["HOST_LOST", "RemoteHost"]
@@ -40,7 +40,7 @@ class RemoteHost:
         self._attempt = attempt
         #: Each rank's file under ``--output-filename``, opened with the spec: a host that
         #: never comes up leaves no empty logs behind.
-        self._files: dict[int, IO[bytes] | None] = {}
+        self._files: dict[int, RankFiles | None] = {}
         self.info: dict[str, Any] | None = None
         self.port: int | None = None
         self.error: str | None = None
@@ -100,12 +100,14 @@ class RemoteHost:
         # the bound also holds for anything else on the connection (a login banner).
         for line in iter(lambda: stream.readline(PIECE_BYTES + 64), b""):
             kind, _, rest = line.partition(b" ")
-            if kind in (b"O", b"P"):
+            if kind in (b"O", b"P", b"O2", b"P2"):  # O2/P2: the rank's stderr
                 rank_text, _, text = rest.partition(b" ")
                 rank = int(rank_text)
-                if kind == b"P":  # a piece of a longer line: drop the protocol's newline
+                partial = kind.startswith(b"P")
+                if partial:  # a piece of a longer line: drop the protocol's newline
                     text = text[:-1] if text.endswith(b"\n") else text
-                self._sink.write(rank, text, self._files.get(rank), partial=kind == b"P")
+                self._sink.write(rank, text, self._files.get(rank), partial,
+                                 STDERR if kind.endswith(b"2") else STDOUT)
             elif kind == b"X":
                 rank_text, _, code = rest.partition(b" ")
                 with self._lock:

@@ -91,7 +91,7 @@ def test_a_real_launch_out_of_file_descriptors_stops_the_ranks_started(tmp_path:
 def test_a_rank_whose_output_thread_cannot_start_is_killed(monkeypatch: pytest.MonkeyPatch) -> None:
     marker = new_marker()
 
-    def no_thread(self: processes.Child, on_piece: Any) -> None:
+    def no_thread(self: processes.Child, *on_piece: Any) -> None:
         raise RuntimeError("can't start new thread")
 
     monkeypatch.setattr(processes.Child, "pump", no_thread)
