@@ -174,7 +174,7 @@ class Session:
         if kind == "data_wait" and self.timer is not None:
             self.timer.data_ready()
 
-    def _on_step(self, record: StepRecord) -> None:
+    def _on_step(self, record: StepRecord, closing: bool = False) -> None:
         if not self.facts.final:
             self.facts = _facts()
             if self.trace is not None:
@@ -183,12 +183,15 @@ class Session:
             self.trace.step(record, self.meter.last_segments)
         if self.timer is not None:
             self.timer.step_end(record.index)
-        if not self._progress_decided:
+        if not self._progress_decided and not closing:
             self._progress_decided = True
             if self._want_progress and self.facts.rank == 0:
-                tty = bool(getattr(self._stream, "isatty", lambda: False)())
+                try:
+                    tty = bool(getattr(self._stream, "isatty", lambda: False)())
+                except (ValueError, OSError):  # a closed stream (pytest's capture at exit)
+                    tty = False
                 self.progress = Progress(self._stream, tty)
-        if self.progress is not None:
+        if self.progress is not None and not closing:
             self.progress.update(self.meter, _total["epochs"], _total["steps"])
         doctor = self.doctor
         if doctor is not None and doctor.steps and not self.reported \
@@ -200,11 +203,13 @@ class Session:
 
     # -- reading ------------------------------------------------------------------------
 
-    def settle(self) -> None:
-        """Close an update a torch optimizer made that no event has closed yet."""
+    def settle(self, closing: bool = False) -> None:
+        """Close an update a torch optimizer made that no event has closed yet
+        (``closing``: at flush, possibly at exit, when the streams may be closed: no
+        progress line for it)."""
         record = self.meter.settle()
         if record is not None:
-            self._on_step(record)
+            self._on_step(record, closing)
 
     def summary(self, scope: str = "window") -> dict[str, Any]:
         self.settle()
@@ -282,7 +287,7 @@ class Session:
         if self.flushed:
             return
         self.flushed = True
-        self.settle()
+        self.settle(closing=True)
         if self.progress is not None:
             self.progress.close()
         if self.sampler is not None:

@@ -220,3 +220,20 @@ def test_the_session_meters_torch_optimizer_updates_and_cleans_the_timeline(tmp_
         session.stop()
     # Stopped: the hook is gone with the listener.
     assert session._optimizer_hook is None
+
+
+def test_an_update_closed_at_exit_writes_nothing_to_a_closed_stream() -> None:
+    """The update a torch optimizer made last is closed at flush (atexit), when the
+    stream may be closed already (pytest's capture): no progress line is made for it
+    (an atexit traceback, "I/O operation on closed file", ended Horovod's elastic tests)."""
+    stream = io.StringIO()
+    s = session.start(progress=True, warmup=0, gpu=False, stream=stream)
+    try:
+        t = time.perf_counter()
+        events.emit("data_wait", t, t, samples=8, batch=0, batches=BATCHES)
+        session._optimizer_stepped(None, (), {})
+        stream.close()
+        s.flush()  # raised ValueError from the stream's isatty()
+        assert s.meter.steps_seen == 1
+    finally:
+        session.stop()
