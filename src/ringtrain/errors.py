@@ -38,6 +38,7 @@ __all__ = [
     "DataError",
     "LaunchEnvError",
     "LaunchError",
+    "LoaderTimeoutError",
     "MismatchError",
     "NotInitializedError",
     "OptimizerUsageError",
@@ -109,10 +110,17 @@ class WorkerError(DataError):
     """A loader worker raised; the worker's traceback is in the message."""
 
 
-class WorkerDiedError(DataError):
-    """A loader worker process exited without reporting (killed, out of memory)."""
+class WorkerDiedError(DataError, RuntimeError):
+    """A loader worker process exited without reporting (killed, out of memory). Also a
+    RuntimeError, as DataLoader's "worker (pid N) is killed by signal" is: a script's
+    ``except RuntimeError:`` retry catches it here too."""
 
     recoverable = True
+
+
+class LoaderTimeoutError(DataError, RuntimeError):
+    """No batch within the loader's ``timeout``; a RuntimeError too, as DataLoader's
+    "DataLoader timed out after N seconds" is."""
 
 
 class LaunchError(RingtrainError, RuntimeError):

@@ -36,7 +36,7 @@ from ringtrain.data.protocol import Done, Failed, Oversize
 from ringtrain.data.shm import Slot, SlotPool
 from ringtrain.data.window import DispatchWindow
 from ringtrain.data.workers import WorkerPool, halves, split_point, worker_error
-from ringtrain.errors import DataError
+from ringtrain.errors import DataError, LoaderTimeoutError
 
 __all__ = ["WorkerFeed"]
 
@@ -303,7 +303,7 @@ class WorkerFeed:
             for msg in pool.poll(wait):
                 self._accept(msg)
             if deadline is not None and seq not in self._ready and time.monotonic() >= deadline:
-                raise DataError(
+                raise LoaderTimeoutError(
                     f"no batch from the {len(pool.workers)} loader workers in {timeout:g} s "
                     f"({self.describe(k)}); a dataset call may be hanging, or raise "
                     "Loader(timeout=...)")
