@@ -467,7 +467,10 @@ def test_steps_syncs_and_bytes_reach_the_step_meter(world: list[dict[str, Any]])
         # 8 steps; fragment 0 (64 numbers) syncs after steps 1, 4, 7, fragment 1 (50) after
         # 3 and 6: one bucket each, its wait, and an outer update besides the 8 inner ones.
         assert r["syncs"] == 5
-        assert r["events"] == {"update": 13, "step_end": 8, "exchange": 5, "exchange_wait": 5}
+        # opt_step: the session's hook on torch optimizers' step() (rt.observe), once per
+        # update of the inner or the outer optimizer.
+        assert r["events"] == {"update": 13, "step_end": 8, "exchange": 5, "exchange_wait": 5,
+                               "opt_step": 13}
         assert r["bytes"] == (3 * 64 + 2 * 50) * 4
         # bf16 halves each sync: 3 syncs x 114 numbers x 2 bytes
         assert res["train"]["diloco_h2_bf16_ring"]["bytes"] == 3 * 114 * 2
