@@ -15,10 +15,10 @@ from __future__ import annotations
 import ipaddress
 import os
 import socket
-from collections.abc import Collection
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 
-__all__ = ["Connection", "connections", "sever", "socket_inodes"]
+__all__ = ["Connection", "connections", "sever", "socket_inodes", "tcp_rows"]
 
 _ESTABLISHED_OR_CLOSING = {"01", "02", "03", "04", "05", "06", "08", "09", "0B"}  # not LISTEN (0A)
 
@@ -58,10 +58,10 @@ def _address(hex_addr: str) -> str:
     return str(addr.ipv4_mapped) if addr.ipv4_mapped else str(addr)
 
 
-def connections() -> list[Connection]:
-    """This process's TCP connections (listening sockets excluded)."""
+def tcp_rows() -> Iterator[tuple[list[str], int]]:
+    """The rows of ``/proc/self/net/tcp{,6}`` that are this process's sockets (the tables
+    are the network namespace's), split into fields, with the socket's fd."""
     fds = socket_inodes()
-    found = []
     for table in ("tcp", "tcp6"):
         try:
             with open(f"/proc/self/net/{table}") as f:
@@ -70,14 +70,19 @@ def connections() -> list[Connection]:
             continue
         for line in lines:
             parts = line.split()
-            if len(parts) < 10 or parts[3] not in _ESTABLISHED_OR_CLOSING:
-                continue
+            if len(parts) >= 10 and int(parts[9]) in fds:
+                yield parts, fds[int(parts[9])]
+
+
+def connections() -> list[Connection]:
+    """This process's TCP connections (listening sockets excluded)."""
+    found = []
+    for parts, fd in tcp_rows():
+        if parts[3] in _ESTABLISHED_OR_CLOSING:
             inode = int(parts[9])
-            if inode not in fds:
-                continue  # another process's (the table is the namespace's)
             local_port = int(parts[1].rsplit(":", 1)[1], 16)
             remote_hex, remote_port = parts[2].rsplit(":", 1)
-            found.append(Connection(fds[inode], inode, local_port, _address(remote_hex), int(remote_port, 16)))
+            found.append(Connection(fd, inode, local_port, _address(remote_hex), int(remote_port, 16)))
     return found
 
 

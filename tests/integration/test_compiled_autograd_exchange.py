@@ -26,6 +26,8 @@ from typing import Any
 import pytest
 import torch
 from ringtest import run_scenarios, run_world, scenario_results
+from trainhelp import seeded_batch as _batch
+from trainhelp import tiny_model as _model
 
 # `make test-system` (docs/testing.md): its one compiled-autograd capture takes about 10 s,
 # too long for the fast tier's budget.
@@ -34,16 +36,6 @@ pytestmark = pytest.mark.system
 ROWS = 4  # per rank
 STEPS = 3
 TOLERANCE = 1e-6
-
-
-def _model() -> torch.nn.Module:
-    torch.manual_seed(5)
-    return torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
-
-
-def _batch(step: int, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
-    g = torch.Generator().manual_seed(300 + step)
-    return torch.randn(rows, 4, generator=g) * 3, torch.randn(rows, 2, generator=g)
 
 
 def _reference(clip: bool) -> list[torch.Tensor]:

@@ -18,20 +18,12 @@ from typing import Any
 import pytest
 import torch
 from ringtest import run_world
+from trainhelp import seeded_batch as _batch
+from trainhelp import tiny_model as _model
 
 ROWS = 6  # per rank per step
 STEPS = 6
 SKIP = 2  # the step whose loss is inf on every rank (an overflow): no update
-
-
-def _model() -> torch.nn.Module:
-    torch.manual_seed(5)
-    return torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
-
-
-def _batch(step: int, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
-    g = torch.Generator().manual_seed(300 + step)
-    return torch.randn(rows, 4, generator=g) * 3, torch.randn(rows, 2, generator=g)
 
 
 def _reference(n: int) -> list[torch.Tensor]:

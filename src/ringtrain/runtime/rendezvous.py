@@ -198,19 +198,8 @@ class Rendezvous:
 
 def _listens_here(port: int) -> bool:
     """Whether this process has a socket listening on ``port`` (``/proc/self/net``)."""
-    inodes = sever.socket_inodes()
-    for table in ("tcp", "tcp6"):
-        try:
-            with open(f"/proc/self/net/{table}") as f:
-                lines = f.read().splitlines()[1:]
-        except OSError:
-            continue
-        for line in lines:
-            parts = line.split()
-            if (len(parts) >= 10 and parts[3] == "0A" and int(parts[9]) in inodes
-                    and int(parts[1].rsplit(":", 1)[1], 16) == port):
-                return True
-    return False
+    return any(parts[3] == "0A" and int(parts[1].rsplit(":", 1)[1], 16) == port
+               for parts, _ in sever.tcp_rows())
 
 
 def _share_scripts_server(env: LaunchEnv, timeout: datetime.timedelta) -> dist.Store:
