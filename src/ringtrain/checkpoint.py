@@ -40,6 +40,7 @@ import re
 import shutil
 import socket
 import struct
+import sys
 import uuid
 import warnings
 from collections.abc import Iterator
@@ -87,12 +88,62 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
+def _path(path: str | os.PathLike[str]) -> Path:
+    # "~/ckpt/x.ckpt" means the home directory: taken literally, save created a
+    # directory named "~" in the working directory (torch.save refuses the path).
+    return Path(path).expanduser()
+
+
+def _rank_local_part(state: Any) -> str | None:
+    """Where ``state`` holds a DTensor whose value is spread over several ranks (FSDP2
+    parameters, tensor-parallel shards, a pending ``Partial`` sum), described; else None.
+
+    Such a tensor pickles as this rank's part only: a file rank 0 writes holds rank 0's
+    shards, and a load hands them to every rank, which ``load_state_dict`` copies into
+    each rank's own shard without complaint."""
+    module = sys.modules.get("torch.distributed.tensor")
+    dtensor = getattr(module, "DTensor", None)
+    if dtensor is None:  # never imported: no DTensor can exist
+        return None
+    stack: list[tuple[str, Any]] = [("state", state)]
+    seen: set[int] = set()
+    while stack:
+        where, node = stack.pop()
+        if isinstance(node, dtensor):
+            mesh = node.device_mesh
+            spread = [repr(p) for i, p in enumerate(node.placements)
+                      if not p.is_replicate() and mesh.size(i) > 1]
+            if spread:
+                return f"{where} (a DTensor placed {', '.join(spread)} over {mesh.size()} ranks)"
+        elif isinstance(node, (dict, list, tuple)) and id(node) not in seen:
+            seen.add(id(node))
+            items = node.items() if isinstance(node, dict) else enumerate(node)
+            stack.extend((f"{where}[{key!r}]", value) for key, value in items)
+    return None
+
+
+def _refuse_rank_local(target: Path, state: Any) -> None:
+    where = _rank_local_part(state)
+    if where is not None:
+        raise CheckpointError(
+            f"cannot save checkpoint {target}: {where} holds only this rank's part, so a load "
+            "would give every rank rank 0's part; save sharded state with "
+            "rt.checkpoint.save_sharded on every rank, or gather a full state first "
+            "(torch.distributed.checkpoint.state_dict.get_state_dict with "
+            "StateDictOptions(full_state_dict=True))")
+
+
 def save(path: str | os.PathLike[str], state: Any) -> Path | None:
     """Write ``state`` to ``path`` atomically on rank 0; other ranks return ``None``.
 
-    Safe to call on every rank or on rank 0 only (it never waits for other ranks).
+    Safe to call on every rank or on rank 0 only (it never waits for other ranks). A
+    DTensor spread over several ranks (FSDP2, tensor parallel) is a :class:`CheckpointError`
+    on every rank that calls it: rank 0's file would hold rank 0's shards alone
+    (:func:`save_sharded` is for such state).
     """
-    target = Path(path)
+    target = _path(path)
+    # Before the rank test: every rank that calls save raises, not rank 0 alone.
+    _refuse_rank_local(target, state)
     if runtime.is_initialized() and runtime.rank() != 0:
         return None
     buf = io.BytesIO()
@@ -108,8 +159,10 @@ def save(path: str | os.PathLike[str], state: Any) -> Path | None:
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
+        fix = ("a file of that name is in the way: remove it or save elsewhere"
+               if exc.errno in (errno.EEXIST, errno.ENOTDIR) else "save to a directory you can write")
         raise CheckpointError(f"cannot create the checkpoint directory {target.parent}: "
-                              f"{exc.strerror}") from None
+                              f"{exc.strerror}; {fix}") from None
     remove_stale_temps(target.parent)
     tmp = target.with_name(_temp_name(target.name))
     try:
@@ -157,7 +210,7 @@ def _writer_is_gone(tmp_name: str) -> bool:
     host, _, pid = tail.rpartition("-")
     pid = pid.split(".", 1)[0]  # "<pid>.<token>" (a pre-token leftover is "<pid>")
     if not host or not pid.isdigit():
-        return False  # not a host-pid name (a sharded save's token: cleaned by its own save)
+        return False  # not a host-pid name (an older sharded save's token: its name's next save cleans it)
     if host != socket.gethostname():
         return False  # another host's writer: not ours to judge
     try:
@@ -172,7 +225,7 @@ def _writer_is_gone(tmp_name: str) -> bool:
 def remove_stale_temps(directory: str | os.PathLike[str]) -> list[Path]:
     """Delete temporary files and directories that writers killed mid-save left in
     ``directory`` (those of live writers and of other hosts are kept); returns them."""
-    root = Path(directory)
+    root = _path(directory)
     removed: list[Path] = []
     try:
         entries = list(root.iterdir())
@@ -200,6 +253,10 @@ def _write_error(target: Path, exc: OSError, nbytes: int) -> str:
             text += f" ({free / 2**20:.1f} MiB free there); free space or save elsewhere"
         except OSError:
             text += "; free space or save elsewhere"
+    elif exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        text += "; save to a directory you can write"
+    elif exc.errno == errno.EISDIR:
+        text += f"; name a file in it (e.g. {target / ('checkpoint' + SUFFIX)})"
     return text
 
 
@@ -219,6 +276,12 @@ def _read_verified(path: Path) -> bytes:
             "use an earlier checkpoint"
         )
     magic, length, digest = _HEADER.unpack_from(data)
+    if magic != _MAGIC and magic[:6] == _MAGIC[:6]:
+        # Another ringtrain's format: "not a ringtrain checkpoint; check the path" misled.
+        raise CheckpointError(
+            f"checkpoint {path} is in ringtrain checkpoint format {magic[6:].decode(errors='replace')!r}, "
+            f"which this ringtrain (format {_MAGIC[6:].decode()!r}) cannot read; load it with "
+            "the ringtrain version that wrote it")
     if magic != _MAGIC:
         hint = ("; it looks like a plain torch.save file: load it with torch.load"
                 if data[:2] == b"PK" or data[:1] == b"\x80" else "; check the path")
@@ -243,7 +306,7 @@ def _read_verified(path: Path) -> bytes:
 
 def verify(path: str | os.PathLike[str]) -> None:
     """Raise :class:`CheckpointError` unless ``path`` is a complete, intact checkpoint."""
-    _read_verified(Path(path))
+    _read_verified(_path(path))
 
 
 _UNSAFE_GLOBAL = re.compile(r"GLOBAL ([\w.]+)")
@@ -270,7 +333,8 @@ def _unpickle(payload: bytes, path: Path, weights_only: bool, map_location: Any)
         what = ", ".join(found) if found else first_line(exc, 160)
         raise CheckpointError(
             f"checkpoint {path} holds {what}, which a safe load does not allow (unpickling it could "
-            "run code); if you trust the file, load it with rt.checkpoint.load(path, weights_only=False)"
+            "run code); if you trust the file, allow the type with torch.serialization.add_safe_globals "
+            "or load it with rt.checkpoint.load(path, weights_only=False)"
         ) from None
 
 
@@ -279,7 +343,7 @@ def read(
 ) -> Any:
     """Read a checkpoint in this process alone: no collective, any rank may call it at any
     time (its file system must hold the file). Verified and loaded as :func:`load` does."""
-    target = Path(path)
+    target = _path(path)
     return _unpickle(_read_verified(target), target, weights_only, map_location)
 
 
@@ -291,7 +355,7 @@ def load(
     Every rank must call it, with the same path. The load is safe by default (see :func:`_unpickle`);
     ``weights_only=False`` loads arbitrary pickled objects and is only for trusted files.
     """
-    target = Path(path)
+    target = _path(path)
     if not _distributed():
         return read(target, weights_only, map_location)
     from ringtrain.collectives import allgather_object, broadcast_
@@ -324,7 +388,16 @@ def load(
         else torch.empty(int(status), dtype=torch.uint8)
     )
     broadcast_(buf, root_rank=0, name=f"checkpoint {target}")
-    return _unpickle(buf.numpy().tobytes(), target, weights_only, map_location)
+    state = _unpickle(buf.numpy().tobytes(), target, weights_only, map_location)
+    # A file torch.save wrote on rank 0 (or an older save): its sharded DTensors hold rank
+    # 0's shards, which every rank's load_state_dict would take as its own.
+    where = _rank_local_part(state)
+    if where is not None:
+        raise CheckpointError(
+            f"checkpoint {target} holds rank 0's part of sharded state in {where}; every rank "
+            "would load rank 0's part: save sharded state with rt.checkpoint.save_sharded and "
+            "load it with rt.checkpoint.load_sharded")
+    return state
 
 
 def _step_key(path: Path) -> tuple[tuple[int, ...], float]:
@@ -347,7 +420,7 @@ def latest(directory: str | os.PathLike[str], pattern: str = f"*{SUFFIX}") -> Pa
     previous good checkpoint. Sharded checkpoint directories (:func:`save_sharded`)
     count too when ``pattern`` matches them (e.g. ``"*.dcp"``).
     """
-    root = Path(directory)
+    root = _path(directory)
     if not root.is_dir():
         return None
     remove_stale_temps(root)
@@ -420,9 +493,14 @@ def save_sharded(path: str | os.PathLike[str], state: dict[str, Any]) -> Path:
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.api import CheckpointException
 
-    target = Path(path)
+    target = _path(path)
     rank, size = _rank_and_size()
-    token: Any = uuid.uuid4().hex[:12]
+    # Rank 0's host and pid, as a file save's temporary has them: a later save or
+    # latest() on that host removes the directory of a save whose rank 0 was killed
+    # (a random token alone kept it forever unless the same name was saved again).
+    token: Any = _temp_name("")[len(_TMP_MARK):]
+    if rank == 0:
+        remove_stale_temps(target.parent)
     if size > 1:
         from ringtrain.collectives import broadcast_object
 
@@ -499,7 +577,10 @@ def _publish(tmp: Path, target: Path, parts: list[dict[str, Any]], size: int) ->
         if (_TMP_MARK in stale.name or _OLD_MARK in stale.name) and stale.is_dir():
             shutil.rmtree(stale, ignore_errors=True)
     if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
+        if old.is_dir():
+            shutil.rmtree(old, ignore_errors=True)
+        else:  # a file checkpoint (rt.checkpoint.save) had this name: its .old- copy stayed forever
+            _discard(old)
 
 
 def _glob_escape(name: str) -> str:
@@ -533,7 +614,7 @@ def _check_manifest(directory: Path, hashes: bool) -> None:
 
 def verify_sharded(path: str | os.PathLike[str]) -> None:
     """Raise :class:`CheckpointError` unless ``path`` is complete and every checksum holds."""
-    _check_manifest(Path(path), hashes=True)
+    _check_manifest(_path(path), hashes=True)
 
 
 def _resolve_sharded(target: Path) -> Path:
@@ -616,7 +697,7 @@ def load_sharded(path: str | os.PathLike[str], state: dict[str, Any], strict: bo
     """
     import torch.distributed.checkpoint as dcp
 
-    target = Path(path)
+    target = _path(path)
     rank, size = _rank_and_size()
     status: str | None = None
     found: Any = None
