@@ -339,7 +339,11 @@ class Resumable(ElasticState):
                 # not overwritten in place; broadcast_parameters refuses such an entry.
                 tensors = {k: v for k, v in self.model.state_dict().items() if isinstance(v, torch.Tensor)}
                 replicate.broadcast_parameters(tensors, root_rank=0)
-            if isinstance(self.optimizer, torch.optim.Optimizer):
+            from ringtrain.lowcomm import PeriodicSync
+
+            # rt.LocalSGD / rt.DiLoCo are torch optimizers too, but each rank keeps its own
+            # local state (follow_world, the per-rank resume): rank 0's must not replace it.
+            if isinstance(self.optimizer, torch.optim.Optimizer) and not isinstance(self.optimizer, PeriodicSync):
                 replicate.broadcast_optimizer_state(self.optimizer, root_rank=0)
             mine = {"step": self.step, "extra": self.extra,
                     **{name: part.state_dict() if part is not None else None

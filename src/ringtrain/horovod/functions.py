@@ -156,7 +156,12 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int, 
         # step below, taken only by the ranks without a state (a resume where rank 0
         # loaded a checkpoint), waited for an allreduce the others never submit.
         inner = optimizer.__dict__["_inner"]
-    if not isinstance(inner, torch.optim.Optimizer):  # hvd.DiLoCo / hvd.LocalSGD: root's state as is
+    from ringtrain.lowcomm import PeriodicSync
+
+    # hvd.DiLoCo / hvd.LocalSGD: root's state as is. They are torch optimizers (for the
+    # schedulers), but their step() is collective and counts the sync schedule: the
+    # state-building step below would shift it, or wait for ranks that never take it.
+    if isinstance(inner, PeriodicSync) or not isinstance(inner, torch.optim.Optimizer):
         replicate.broadcast_optimizer_state(inner, root_rank)
         return
     if not inner.state_dict()["state"]:

@@ -101,6 +101,11 @@ def check_inner(mode: str, optimizer: Any, model_params: Sequence[torch.nn.Param
             f"rt.{mode}: {argument} is a DistributedOptimizer, which exchanges gradients after "
             f"every backward; rt.{mode} exchanges every sync_every steps instead. Pass the plain "
             f"torch optimizer (e.g. {type(optimizer.wrapped).__name__}) as {argument}")
+    # An rt.LocalSGD / rt.DiLoCo (a torch optimizer too), known by its wrapped optimizer
+    # and mode (periodic imports this module: no import of it here).
+    if isinstance(getattr(type(optimizer), "mode", None), str) and hasattr(optimizer, "sync_every"):
+        raise ConfigError(f"rt.{mode}: {argument} is an rt.{optimizer.mode}, which syncs the model "
+                          f"itself; pass the plain torch optimizer it wraps ({argument}.inner)")
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise ConfigError(f"rt.{mode}: {argument} must be a torch.optim.Optimizer, got "
                           f"{type(optimizer).__name__}")

@@ -47,6 +47,10 @@ class DiLoCo(PeriodicSync):
             outer gradient on the wire.
         fragments: sync in this many parts at staggered steps (Streaming DiLoCo).
         buffers: also average floating-point buffers at each sync of the first fragment.
+        warmup_steps: average the gradients over the ranks for this many first steps
+            (as DDP), then step locally (post-local SGD's warm-up, torch's
+            ``PostLocalSGDState(start_localSGD_iter=...)``); the first sync is
+            ``sync_every`` steps after it. Default 0.
         strategy, fusion_mb, **strategy_options: the exchange, as for DistributedOptimizer.
     """
 
@@ -64,6 +68,7 @@ class DiLoCo(PeriodicSync):
         buffers: bool = True,
         strategy: str | collectives.AllreduceAlgorithm = "native",
         fusion_mb: float | None = None,
+        warmup_steps: int = 0,
         **strategy_options: Any,
     ) -> None:
         if not isinstance(model, torch.nn.Module):
@@ -87,7 +92,8 @@ class DiLoCo(PeriodicSync):
         self._outer = outer_optimizer
         super().__init__(model, inner_optimizer, synced, sync_every=sync_every, fragments_=fragments,
                          compression=compression, strategy=strategy, fusion_mb=fusion_mb, buffers=buffers,
-                         argument="inner_optimizer", strategy_options=strategy_options)
+                         argument="inner_optimizer", strategy_options=strategy_options,
+                         warmup_steps=warmup_steps)
 
     @property
     def outer(self) -> torch.optim.Optimizer:

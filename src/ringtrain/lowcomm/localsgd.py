@@ -37,6 +37,10 @@ class LocalSGD(PeriodicSync):
         compression: ``rt.Compression.none`` (default) / ``.fp16`` / ``.bf16`` on the wire.
         buffers: also average floating-point buffers (BatchNorm statistics) at each sync
             of the first fragment (default True).
+        warmup_steps: average the gradients over the ranks for this many first steps
+            (as DDP), then step locally (post-local SGD's warm-up, torch's
+            ``PostLocalSGDState(start_localSGD_iter=...)``); the first sync is
+            ``sync_every`` steps after it. Default 0.
         strategy, fusion_mb, **strategy_options: the exchange, as for DistributedOptimizer.
     """
 
@@ -53,6 +57,7 @@ class LocalSGD(PeriodicSync):
         buffers: bool = True,
         strategy: str | collectives.AllreduceAlgorithm = "native",
         fusion_mb: float | None = None,
+        warmup_steps: int = 0,
         **strategy_options: Any,
     ) -> None:
         if not isinstance(model, torch.nn.Module):
@@ -62,7 +67,8 @@ class LocalSGD(PeriodicSync):
         super().__init__(model, optimizer, [p for p in params if p.requires_grad], sync_every=sync_every,
                          fragments_=fragments, compression=compression, strategy=strategy,
                          fusion_mb=fusion_mb, buffers=buffers, argument="optimizer",
-                         strategy_options=strategy_options)
+                         strategy_options=strategy_options,
+                         warmup_steps=warmup_steps)
 
     def _apply(self, part: list[int], averaged: dict[int, torch.Tensor], outer: bool = True) -> None:
         assert self._copy is not None

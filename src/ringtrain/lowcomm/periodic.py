@@ -40,14 +40,23 @@ from ringtrain.compression import Compression, Compressor
 from ringtrain.errors import ConfigError, MismatchError, OptimizerUsageError
 from ringtrain.fusion import Bucket, FusedExchange
 from ringtrain.lowcomm import checks, fragments
+from ringtrain.lowcomm.warmup import average_gradients
 from ringtrain.optimizer import owner_of
 
 __all__ = ["PeriodicSync"]
 
 
-class PeriodicSync:
+class PeriodicSync(torch.optim.Optimizer):
     """Base of the periodic modes; see the module doc. Subclasses set :attr:`mode` and
-    implement :meth:`_apply` (and may extend the state and the agreement)."""
+    implement :meth:`_apply` (and may extend the state and the agreement).
+
+    A ``torch.optim.Optimizer`` (as torch's ``PostLocalSGDOptimizer``), so everything
+    that takes an optimizer takes it: every learning-rate scheduler, ``GradScaler``,
+    ``opt.param_groups[0]["lr"] = x``. Its ``param_groups``, ``state`` and ``defaults``
+    are the local (inner) optimizer's own objects, so a scheduler on the wrapper
+    schedules the inner optimizer. ``Optimizer.__init__`` is not called: the wrapper
+    holds no parameters or state of its own.
+    """
 
     mode: ClassVar[str] = ""
     #: torch.amp.GradScaler calls step() even when this rank's gradients overflowed
@@ -69,9 +78,13 @@ class PeriodicSync:
         buffers: bool,
         argument: str,
         strategy_options: dict[str, Any],
+        warmup_steps: int = 0,
     ) -> None:
         mode = self.mode
         self.sync_every = checks.check_count(mode, "sync_every", sync_every)
+        #: Steps whose gradients are averaged over the ranks (as DDP) before the local
+        #: steps start (post-local SGD's warm-up; :mod:`.warmup`).
+        self.warmup_steps = checks.check_count(mode, "warmup_steps", warmup_steps, minimum=0)
         self.fragments = checks.check_count(mode, "fragments", fragments_)
         if self.fragments > self.sync_every:
             raise ConfigError(f"rt.{mode}: fragments={fragments_} is more than sync_every={sync_every}; "
@@ -139,14 +152,40 @@ class PeriodicSync:
         self.exchanged_bytes = 0
         #: Seconds the last sync took (exchange, write-back and outer step).
         self.last_sync_s = 0.0
+        #: How many parameters the local optimizer held at the last check (a group added
+        #: to it directly is checked at the next step).
+        self._inner_count = self._count_inner()
         claims.claim(self._params, self)
 
     # -- the optimizer surface ----------------------------------------------------------
 
-    @property
+    @property  # type: ignore[override]
     def param_groups(self) -> list[dict[str, Any]]:
-        """The local optimizer's groups (clipping, GradScaler and learning rates act here)."""
+        """The local optimizer's groups (clipping, GradScaler, schedulers and learning
+        rates act here). Read each time: ``load_state_dict`` replaces the inner list."""
         return self._inner.param_groups
+
+    @param_groups.setter
+    def param_groups(self, groups: list[dict[str, Any]]) -> None:
+        self._inner.param_groups = groups
+
+    @property  # type: ignore[override]
+    def state(self) -> Any:
+        """The local optimizer's per-parameter state."""
+        return self._inner.state
+
+    @state.setter
+    def state(self, state: Any) -> None:
+        self._inner.state = state
+
+    @property  # type: ignore[override]
+    def defaults(self) -> dict[str, Any]:
+        """The local optimizer's defaults (OneCycleLR looks for ``momentum``/``betas`` here)."""
+        return self._inner.defaults
+
+    @defaults.setter
+    def defaults(self, defaults: dict[str, Any]) -> None:
+        self._inner.defaults = defaults
 
     @property
     def inner(self) -> torch.optim.Optimizer:
@@ -157,11 +196,38 @@ class PeriodicSync:
         self._inner.zero_grad(set_to_none=set_to_none)
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
-        raise ConfigError(f"rt.{self.mode}: add the group to the local optimizer before building rt.{self.mode}")
+        """Add a group to the local optimizer (as ``PostLocalSGDOptimizer``), when every
+        tensor in it is a parameter of the model (a part the local optimizer did not hold
+        yet); any other tensor would train on each rank's data alone, never averaged."""
+        params = param_group.get("params") if isinstance(param_group, dict) else None
+        params = [params] if isinstance(params, torch.Tensor) else list(params or [])
+        self._check_synced(params, "add_param_group")
+        self._inner.add_param_group(param_group)
+        self._inner_count = self._count_inner()
 
-    def step(self, closure: Callable[[], float] | None = None) -> Any:
-        """The local step; after every ``sync_every``-th, the sync (collective)."""
+    def _count_inner(self) -> int:
+        return sum(len(g["params"]) for g in self._inner.param_groups)
+
+    def _check_synced(self, params: list[Any], where: str) -> None:
+        """Every parameter of the local optimizer is the model's: the synced ones, or
+        those frozen when the mode was built (step() refuses one that trains later)."""
+        model = {id(p) for p in self._model.parameters()}
+        stray = next((p for p in params if id(p) not in model), None)
+        if stray is not None:
+            raise OptimizerUsageError(
+                f"rt.{self.mode}.{where}: the local optimizer holds a tensor of shape "
+                f"{tuple(stray.shape)} that is not one of the model's parameters, so rt.{self.mode} "
+                "never averages it: it would train on each rank's data alone and the replicas would "
+                f"drift apart. Register it in the model (an nn.Parameter of a module) and build "
+                f"rt.{self.mode} again, or keep it out of the optimizer")
+
+    def step(self, closure: Callable[[], float] | None = None) -> Any:  # type: ignore[override]
+        """The local step; after every ``sync_every``-th, the sync (collective). During
+        the first ``warmup_steps`` steps the gradients are averaged before the step."""
         self._check_live()
+        if self._count_inner() != self._inner_count:  # a group added to the inner optimizer
+            self._check_synced([p for g in self._inner.param_groups for p in g["params"]], "step")
+            self._inner_count = self._count_inner()
         if not self._agreed:
             self._agree()
         if self._copy is None:
@@ -174,7 +240,9 @@ class PeriodicSync:
                     f"data and the replicas would drift apart. After a sync, del this rt.{self.mode} "
                     "and build it again with the parameter unfrozen (or build it with every parameter "
                     "that will train requiring a gradient)")
-        due = fragments.due(self.steps + 1, self.sync_every, self.fragments)
+        if self.steps < self.warmup_steps:
+            return self._warmup_step(closure)
+        due = self._due(self.steps + 1)
         # The step-count check of this step's sync goes out before the local update, so
         # its round trip (one on a slow link) overlaps the update instead of adding to
         # the sync.
@@ -200,6 +268,55 @@ class PeriodicSync:
             events.emit("step_end", now, now)
         events.check_stop()  # the doctor has its steps: leave here, nothing in flight
         return result
+
+    def _due(self, step: int) -> list[int]:
+        """The fragments that sync after the ``step``-th step (from 1): the schedule
+        starts after the warm-up."""
+        return fragments.due(step - self.warmup_steps, self.sync_every, self.fragments)
+
+    def _warmup_step(self, closure: Callable[[], float] | None) -> Any:
+        """A warm-up step: every rank's gradients averaged, then the local step (the
+        same on every rank, so the parameters stay equal). A closure averages the
+        gradients of each of its backward passes, as DDP's hooks do. Under GradScaler a
+        rank unscales its own gradients first (each rank keeps its own loss scale); an
+        overflow on any rank makes the average non-finite on every rank, and every rank
+        skips the step."""
+        check = self._launch_step_check(self.steps + 1)
+        scaled = getattr(self, "found_inf", None) is not None
+        ok = self._scaled_step_ok()
+        t0 = time.perf_counter()
+        result = None
+        if closure is not None:
+            def averaged() -> float:
+                with torch.enable_grad():
+                    loss = closure()
+                self._average_grads()
+                return loss
+            result = self._inner.step(averaged)
+        else:
+            self._average_grads()
+            if scaled:
+                ok = all(bool(torch.isfinite(p.grad).all()) for p in self._params if p.grad is not None)
+            if ok:
+                result = self._inner.step()
+        self._check_steps(check)
+        if events.active():
+            events.emit("update", t0, time.perf_counter())
+        self.steps += 1
+        if self.steps == self.warmup_steps:
+            # The local steps start here, from parameters that are the same on every rank.
+            with torch.no_grad():
+                self._copy = [p.detach().clone() for p in self._params]
+        self._clean = set(range(self.fragments))
+        if events.active():
+            now = time.perf_counter()
+            events.emit("step_end", now, now)
+        events.check_stop()
+        return result
+
+    def _average_grads(self) -> None:
+        if runtime.size() > 1:
+            average_gradients(self.mode, self._exchanges, self._parts, self._params)
 
     def sync(self) -> None:
         """Sync every fragment now, outside the schedule (collective: every rank calls it
@@ -251,7 +368,7 @@ class PeriodicSync:
             "sync_every": str(self.sync_every), "fragments": str(self.fragments),
             "compression": self._compression.name, "strategy": " ".join(f"{k}={v}" for k, v in sorted(strategy.items())),
             "buffers": " ".join(n for n, _ in self._buffers) or "none",
-            "fusion_mb": str(self._bucket_bytes),
+            "fusion_mb": str(self._bucket_bytes), "warmup_steps": str(self.warmup_steps),
         }
 
     def _agree(self) -> None:
@@ -428,8 +545,10 @@ class PeriodicSync:
             self._copy = None
         self.steps = int(state["steps"])
         # Saved at a step where fragments synced: those held the synced copy.
-        self._clean = set(fragments.due(self.steps, self.sync_every, self.fragments))
+        self._clean = set(range(self.fragments)) if self.steps <= self.warmup_steps \
+            else set(self._due(self.steps))
         self._inner.load_state_dict(state["inner"])
+        self._inner_count = self._count_inner()
 
     # -- per-rank state and resizing (used by rt.elastic and hvd.elastic) ----------------
 
@@ -437,7 +556,10 @@ class PeriodicSync:
         """What only this rank has: its parameters (when they differ from the synced copy,
         i.e. between syncs) and its local optimizer's state. ``rt.elastic.Resumable``
         saves it for every rank, so a resume at any step is exact on every rank."""
-        at_sync = self.fragments == 1 and self.steps % self.sync_every == 0
+        # At a sync every rank holds the synced copy (and the averaged buffers). The end
+        # of a warm-up is not one: its buffers are still each rank's own.
+        at_sync = self.fragments == 1 and (self.steps == 0 or (
+            self.steps > self.warmup_steps and (self.steps - self.warmup_steps) % self.sync_every == 0))
         averaged = {n for n, _ in self._buffers} if at_sync else set()
         return {
             "params": None if at_sync or self._copy is None else [p.detach().clone() for p in self._params],
