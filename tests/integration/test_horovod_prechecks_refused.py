@@ -150,8 +150,9 @@ def test_a_failing_call_on_one_rank_is_an_error_on_every_rank(world: list[dict[s
 def test_a_grouped_scalar_on_one_rank_is_an_error_on_every_rank(world: list[dict[str, Any]]) -> None:
     # Before: _GroupedAllgather read its first dimension (IndexError) before submitting.
     outs = scenario_results(world, "grouped_allgather_scalar", after=[1.0, 2.0])
-    assert outs[1]["error"] is not None and outs[1]["error"][0] == "MismatchError", outs[1]
-    assert outs[0]["error"] is not None and outs[0]["error"][0] == "MismatchError", outs[0]
+    assert outs[0]["error"] is not None and outs[0]["error"][0] == "HorovodUsageError", outs[0]
+    assert outs[1]["error"] is not None and outs[1]["error"][0] == "NegotiationError", outs[1]
+    assert "rank-zero" in outs[1]["error"][1], outs[1]
 
 
 @pytest.mark.timeout(120)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import socket
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -63,17 +64,22 @@ def _fusion_bytes() -> int:
 def init(comm: Any = None, process_sets: Sequence[ProcessSet] | str | None = None) -> None:
     """Join the job and start the coordinator (again after ``shutdown()``).
 
-    ``comm``: Horovod accepts an mpi4py communicator or a list of ranks; there is no MPI
-    here, so only ``None`` (the whole job) is accepted. ``process_sets``: process sets
-    to register now (every rank passes the same list), or ``"dynamic"``.
+    ``comm``: ``None``, or a list of ranks that is empty or names every rank (the whole
+    job, as Horovod's Gloo controller takes any list); a subset, or an mpi4py
+    communicator, needs MPI and is refused. ``process_sets``: process sets to register
+    now (every rank passes the same list), or ``"dynamic"``. ``HOROVOD_GLOO_IFACE``
+    chooses the network interface, as in Horovod (:func:`_gloo_iface`).
     """
     global _engine, _atexit
-    if comm is not None:
-        raise ConfigError("hvd.init(comm=...) needs MPI, which this engine does not use; "
-                          "call hvd.init() and use hvd.add_process_set(ranks) for subsets")
+    ranks = _comm_ranks(comm)
     if _engine is not None:
         return
+    _gloo_iface(os.environ)
     world = wiring.init()
+    if ranks and sorted(set(ranks)) != list(range(world.env.size)):
+        raise ConfigError(f"hvd.init(comm={ranks}) asks for a subset of the {world.env.size} ranks, "
+                          "which needs MPI (not used here); call hvd.init() and use "
+                          "hvd.add_process_set(ranks) for a subset")
     warning, limit = stall_limits(os.environ, world.settings.stall_timeout)
     _engine = Engine(
         world.env.rank, world.env.size, _connect if world.env.size > 1 else None,
@@ -91,6 +97,36 @@ def init(comm: Any = None, process_sets: Sequence[ProcessSet] | str | None = Non
         atexit.register(_at_exit)
         _watch_uncaught()
         _atexit = True
+
+
+def _comm_ranks(comm: Any) -> list[int]:
+    """The ranks ``hvd.init(comm=)`` names ([]: the whole job). Horovod takes a list of
+    ranks (its Gloo controller ignores it: always the whole job) or an mpi4py
+    communicator (which needs MPI, as a subset does)."""
+    if comm is None:
+        return []
+    if isinstance(comm, (list, tuple, range)) and all(isinstance(r, int) and not isinstance(r, bool)
+                                                      for r in comm):
+        return list(comm)
+    raise ConfigError(f"hvd.init(comm=<{type(comm).__name__}>) needs MPI, which this engine does not "
+                      "use; call hvd.init() (or pass a list of every rank) and use "
+                      "hvd.add_process_set(ranks) for subsets")
+
+
+def _gloo_iface(environ: Any) -> None:
+    """``HOROVOD_GLOO_IFACE`` (Horovod's Gloo context binds that interface; Horovod's
+    horovodrun sets it from ``--network-interface``) as ``GLOO_SOCKET_IFNAME``, the name torch's Gloo
+    reads. Unread, Gloo bound the interface the host name resolves to, which the other
+    hosts may not reach. A name that is not an interface of this host is refused here:
+    Horovod's init fails on it too, and torch's Gloo would fail later with less to go on."""
+    name = str(environ.get("HOROVOD_GLOO_IFACE", "")).strip()
+    if not name:
+        return
+    present = [n for _, n in socket.if_nameindex()]
+    if name not in present:
+        raise ConfigError(f"HOROVOD_GLOO_IFACE={name!r} is not a network interface of this host "
+                          f"(it has {', '.join(present)}); set it to one of those, or unset it")
+    environ["GLOO_SOCKET_IFNAME"] = name
 
 
 def _world_over() -> None:
@@ -242,7 +278,11 @@ def mpi_enabled() -> bool:
 
 
 def mpi_threads_supported() -> bool:
-    return False
+    """A ValueError, as Horovod's on a build without MPI (its Gloo build): there is no
+    MPI to mix with mpi4py, and a script that checks (Horovod's docs: ``assert
+    hvd.mpi_threads_supported()`` before using mpi4py) fails as it does there."""
+    raise ValueError("Horovod MPI is not enabled (this engine runs on torch.distributed, without "
+                     "MPI), so there are no MPI threads; check hvd.mpi_enabled() first")
 
 
 def gloo_built() -> bool:

@@ -18,7 +18,7 @@ import torch
 
 from ringtrain.collectives import has_internal_overlap
 from ringtrain.horovod._coordinator import Meta, ProcessSet, Request
-from ringtrain.horovod.basics import engine, global_process_set
+from ringtrain.horovod.basics import engine, global_process_set, is_homogeneous, local_size
 from ringtrain.horovod.handles import (
     Adasum,
     Average,
@@ -212,13 +212,51 @@ def _check_group(kind: str, tensors: Sequence[Any]) -> None:
         check_tensor(kind, t)
 
 
+def _power_of_two(n: int) -> bool:
+    return n > 0 and n & (n - 1) == 0
+
+
+def _check_adasum(tensor: torch.Tensor, process_set: ProcessSet) -> None:
+    """Horovod's refusals of ``op=hvd.Adasum`` (horovod/torch/mpi_ops.py), with its
+    NotImplementedError: on a process set other than the global one, and on a number of
+    ranks (GPU tensors: of hosts) that is not a power of two. The tree here took any
+    count, so a script got a combination Horovod never computes."""
+    if not tensor.is_floating_point():
+        raise ValueError(f"Adasum needs a floating-point tensor, got {tensor.dtype}")
+    if set_id(process_set) != 0:
+        raise NotImplementedError("Adasum does not support non-global process sets yet (as in Horovod); "
+                                  "reduce over hvd.global_process_set, or use op=hvd.Average on the set")
+    n, local = engine().size, local_size()
+    if tensor.device.type != "cpu" and torch.cuda.is_available():
+        if not is_homogeneous():
+            raise NotImplementedError("Running GPU Adasum on heterogeneous cluster is not supported yet "
+                                      "(as in Horovod): run the same number of ranks on every host")
+        if not _power_of_two(n // local):
+            raise NotImplementedError(f"Running GPU Adasum with non-power of 2 nodes ({n // local}) is not "
+                                      "supported yet (as in Horovod); use 1, 2, 4, ... hosts")
+    elif not _power_of_two(n):
+        raise NotImplementedError(f"Running Adasum with non-power of 2 ranks ({n}) is not supported yet "
+                                  "(as in Horovod); use 1, 2, 4, ... ranks or op=hvd.Average")
+
+
+def _check_rows(kind: str, tensors: Sequence[torch.Tensor]) -> None:
+    """Horovod's controller refuses a rank-zero (0-d) tensor for allgather and alltoall
+    ("tried to ALLGATHER a rank-zero tensor"): they join or split along the first
+    dimension, which a scalar lacks. It was taken as one row here, a result Horovod
+    never gives."""
+    if any(t.dim() == 0 for t in tensors):
+        raise HorovodUsageError(f"{kind} of a rank-zero (0-d) tensor is not supported, as in Horovod: it "
+                                "works along the first dimension, which a scalar has none of; pass "
+                                "tensor.reshape(1)")
+
+
 def _allreduce_meta(tensor: torch.Tensor, full: str, op: int, prescale_factor: float,
                     postscale_factor: float, process_set: ProcessSet) -> Meta:
     check_tensor("allreduce", tensor)
     pre, post = _check_factors(prescale_factor, postscale_factor)
     _check_bool("allreduce", tensor, op, pre, post)
-    if op == Adasum and not tensor.is_floating_point():
-        raise ValueError(f"Adasum needs a floating-point tensor, got {tensor.dtype}")
+    if op == Adasum:
+        _check_adasum(tensor, process_set)
     if op in (Min, Max, Product) and tensor.is_complex():
         # Complex numbers have no order, and the backends (Gloo, NCCL) have no complex
         # product: it failed in the coordinator on every rank, after the negotiation, as a
@@ -320,6 +358,7 @@ def allgather_async(tensor: torch.Tensor, name: str | None = None,
     full, sid = _reserve("allgather", name, process_set)
     with _checks("allgather", [full], sid, process_set):
         meta = meta_for("allgather", tensor, None, process_set, named=full)
+        _check_rows("allgather", [tensor])
         _check_usable([meta], [tensor], in_place=False)
     return submit(meta, Request(meta, tensor))
 
@@ -332,6 +371,7 @@ def grouped_allgather_async(tensors: Sequence[torch.Tensor], name: str | None = 
         _check_group("grouped_allgather", tensors)
         metas = [meta_for("allgather", t, None, process_set, named=n)
                  for t, n in zip(tensors, _numbered(base, tensors), strict=True)]
+        _check_rows("grouped_allgather", tensors)
         _check_usable(metas, tensors, in_place=False)
     return submit_many(metas, [Request(m, t) for m, t in zip(metas, tensors, strict=True)])
 
@@ -364,7 +404,8 @@ def _send_splits(tensor: torch.Tensor, splits: Any, n: int) -> tuple[list[int], 
     """Rows sent to each of the ``n`` members, and the splits tensor to shape the received
     counts like (None: a list, or no splits)."""
     check_tensor("alltoall", tensor)
-    rows = tensor.shape[0] if tensor.dim() else 1
+    _check_rows("alltoall", [tensor])
+    rows = tensor.shape[0]
     if splits is None:
         if rows % n:
             raise ValueError(f"alltoall without splits needs the first dimension ({rows}) to be a "
@@ -394,7 +435,7 @@ def alltoall_async(tensor: torch.Tensor, splits: Any = None, name: str | None = 
         send, like = _send_splits(tensor, splits, process_set.size())
         meta = meta_for("alltoall", tensor, None, process_set, named=full, splits=tuple(send))
         _check_usable([meta], [tensor], in_place=False)
-    rows = tensor.shape[0] if tensor.dim() else 1
+    rows = tensor.shape[0]
     data = tensor if sum(send) == rows else tensor[: sum(send)]
 
     def post(result: tuple[torch.Tensor, list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
