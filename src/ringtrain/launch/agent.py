@@ -204,12 +204,14 @@ class _Agent:
                                    f"{socket.gethostname()} ({exc.strerror}); check that the "
                                    "working directory is writable there") from None
             try:
-                proc = Rank(spec["command"], env, cwd=cwd or None, pass_fds=fds)
+                # (a rank's own command: torchrun's ${local_rank} already replaced in it)
+                command = item.get("command") or spec["command"]
+                proc = Rank(command, env, cwd=cwd or None, pass_fds=fds)
             except OSError as exc:  # the caller stops the ranks started before this one
                 # "label": a resizable job's worker number is not its rank (see above).
                 raise _Refused(start_failure(
                     f"{item.get('label') or f'rank {rank}'} on host {socket.gethostname()}",
-                    spec["command"], exc,
+                    command, exc,
                     missing="check PATH there (pass it with -x PATH) and a script's '#!' "
                             "interpreter"), repeats=start_failure_repeats(exc)) from None
             self.procs[rank] = proc

@@ -29,6 +29,7 @@ from ringtrain.launch import slurm
 from ringtrain.launch.elastic.worlds import ElasticConfig
 from ringtrain.launch.hosts import Host, is_local_host, parse_hostfile, parse_hosts, place_ranks
 from ringtrain.launch.job import STOP_GRACE_S, JobConfig
+from ringtrain.launch.members import substitute_local_rank
 from ringtrain.launch.output import LAYOUTS, check_output_dir
 from ringtrain.launch.slots import local_slots
 from ringtrain.launch.ssh import SshOptions, parse_ssh_option
@@ -63,6 +64,20 @@ TORCHRUN_HINTS = {
     "--no-python": "ringrun runs the command as given: ringrun -np N ./program",
     "-m": "ringrun runs the command as given: ringrun -np N python -m MODULE",
     "--module": "ringrun runs the command as given: ringrun -np N python -m MODULE",
+    "--run-path": "ringrun runs the command as given: ringrun -np N python SCRIPT",
+    "-r": _LOGS, "-t": _LOGS,
+    "--local-ranks-filter": "ringrun shows every rank's output, [rank]-prefixed; --output-filename "
+                            "DIR keeps each rank's apart, in DIR/rank.N.log",
+    "--duplicate-stdout-filters": _LOGS, "--duplicate-stderr-filters": _LOGS, "--logs-specs": _LOGS,
+    "--role": "ringrun's ranks are one role (ROLE_NAME=default): drop the flag",
+    "--shutdown-timeout": "ringrun spells it --stop-grace S",
+    "--signals-to-handle": "ringrun passes on the SIGINT, SIGTERM or SIGHUP it gets (--stop-signal SIG: one of them)",
+    "--local-addr": "ringrun finds each host's address (--network-interface IF picks its interface)",
+    "--monitor-interval": "ringrun notes a rank's exit as it happens: drop the flag",
+    "--start-method": "ringrun starts each rank as a process of its own: drop the flag",
+    "--event-log-handler": "ringrun prints its events on stderr: drop the flag",
+    "--numa-binding": "ringrun does not bind ranks to NUMA nodes: wrap the command in numactl",
+    "--virtual-local-rank": "ringrun gives each rank its own LOCAL_RANK: drop the flag",
 }
 
 
@@ -342,12 +357,16 @@ def _elastic(args: argparse.Namespace, where: _Where, warnings: list[str]) -> El
                          slots_per_host=1 if args.slots_per_host is None else args.slots_per_host)
 
 
-def build_config(argv: list[str]) -> JobConfig:
+def build_config(argv: list[str], local_rank_macro: bool = False) -> JobConfig:
+    """The job ``argv`` (ringrun's flags and the command) describes, checked.
+    ``local_rank_macro``: replace torchrun's ``${local_rank}`` in the command's arguments
+    (ringrun's :func:`main`; horovodrun's command runs untouched, as Horovod's)."""
     args = build_parser().parse_args(argv)
     command = list(args.command)
     if command and command[0] == "--":
         command = command[1:]
-    _check_command(command)
+    # (a script named with the macro, 'train_${local_rank}.py', is looked for as rank 0's)
+    _check_command(list(substitute_local_rank(command, 0)) if local_rank_macro else command)
     for flag, value in (("-H", args.hosts), ("--hostfile", args.hostfile),
                         ("--host-discovery-script", args.host_discovery_script)):
         if value is not None and not value.strip():  # '' would silently mean "this host"
@@ -417,6 +436,7 @@ def build_config(argv: list[str]) -> JobConfig:
         slurm_cpus=where.slurm_cpus,
         elastic=elastic,
         result_marker=os.environ.get(RESULT_MARKER_ENV) or None,
+        local_rank_macro=local_rank_macro,
     )
 
 
@@ -444,7 +464,7 @@ def drop_torchrun_agent_variables() -> None:
 def main(argv: list[str] | None = None) -> int:
     drop_torchrun_agent_variables()
     try:
-        cfg = build_config(list(sys.argv[1:] if argv is None else argv))
+        cfg = build_config(list(sys.argv[1:] if argv is None else argv), local_rank_macro=True)
         for warning in launch_warnings(cfg):
             print(f"ringrun: warning: {warning}", file=sys.stderr)
         return run_job(cfg)

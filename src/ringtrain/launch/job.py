@@ -36,7 +36,7 @@ from ringtrain.launch.agent import agent_grace, worker_extras
 from ringtrain.launch.elastic.worlds import ElasticConfig
 from ringtrain.launch.horovod_env import horovod_env
 from ringtrain.launch.hosts import Placement, is_local_host
-from ringtrain.launch.members import Member, StartFailure, Worker, stop_all
+from ringtrain.launch.members import Member, StartFailure, Worker, stop_all, substitute_local_rank
 from ringtrain.launch.output import OutputFailure, OutputSink
 from ringtrain.launch.remote import HOST_LOST, RemoteHost
 from ringtrain.launch.slurm import srun_argv
@@ -108,10 +108,18 @@ class JobConfig:
     #: ``hvd.run``'s result marker: its lines stay out of the ``--output-filename``
     #: files (:data:`ringtrain.processes.RESULT_MARKER_ENV`).
     result_marker: str | None = None
+    #: Each local rank's command has torchrun's ``${local_rank}`` replaced in its
+    #: arguments (:func:`~ringtrain.launch.members.substitute_local_rank`): ringrun's;
+    #: horovodrun runs the command as Horovod's launcher does, untouched.
+    local_rank_macro: bool = False
 
     def is_local(self, host: str) -> bool:
         """Whether ``host``'s ranks are started here directly (no agent)."""
         return self.transport == "ssh" and is_local_host(host)
+
+    def rank_command(self, local_rank: int) -> tuple[str, ...]:
+        """The command the rank with ``local_rank`` runs."""
+        return substitute_local_rank(self.command, local_rank) if self.local_rank_macro else self.command
 
     @property
     def hosts(self) -> list[str]:
@@ -369,7 +377,7 @@ def _start_attempt(cfg: JobConfig, attempt: int, run_id: str, sink: OutputSink,
             # Rank 0 reads ringrun's stdin (``cat data | ringrun ...``, a pdb prompt), as
             # under mpirun; torchrun and horovodrun give it to every local rank, and
             # whichever reads first takes it. The others read nothing (/dev/null).
-            worker = Worker(p.rank, cfg.command, full, sink, attempt, fds, cfg.cwd, p.host,
+            worker = Worker(p.rank, cfg.rank_command(p.local_rank), full, sink, attempt, fds, cfg.cwd, p.host,
                             inherit_stdin=p.rank == 0)
             members.append(worker)
             if watchdog is not None:
@@ -408,7 +416,8 @@ def _spec(cfg: JobConfig, h: RemoteHost, addr: str, port: int, attempt: int, run
         env = worker_env(p, size, addr, port, attempt, run_id, base, set_threads=False,
                          max_restarts=cfg.max_restarts)
         env.update(hvd[r])
-        ranks.append({"rank": r, "local_size": p.local_size, "env": env})
+        ranks.append({"rank": r, "local_size": p.local_size, "env": env,
+                      "command": list(cfg.rank_command(p.local_rank))})
     return {"cwd": cwd, "command": list(cfg.command), "ranks": ranks, "listen": listen,
             "heartbeat_timeout": cfg.heartbeat_timeout, "stop_grace": agent_grace(cfg.stop_grace)}
 

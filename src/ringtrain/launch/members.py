@@ -22,6 +22,7 @@ from __future__ import annotations
 import collections
 import os
 import signal
+import string
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
@@ -30,7 +31,25 @@ from ringtrain.launch import reaper
 from ringtrain.launch.output import STDERR, STDOUT, OutputSink
 from ringtrain.processes import Child, Stoppable, start_failure, start_failure_repeats, stop_sequence
 
-__all__ = ["Member", "Rank", "StartFailure", "Worker", "stop_all", "stop_marked"]
+__all__ = ["LOCAL_RANK_MACRO", "Member", "Rank", "StartFailure", "Worker", "stop_all", "stop_marked",
+           "substitute_local_rank"]
+
+#: torchrun's one macro (``torch.distributed.elastic.utils.api.macros.local_rank``): in a
+#: command's arguments it becomes each rank's local rank (``--local-rank=${local_rank}``).
+LOCAL_RANK_MACRO = "${local_rank}"
+
+
+def substitute_local_rank(command: Sequence[str], local_rank: int) -> tuple[str, ...]:
+    """``command`` with ``${local_rank}`` and ``$local_rank`` in its arguments replaced
+    by ``local_rank``, exactly as torchrun's agent does (``macros.substitute``:
+    ``string.Template(arg).safe_substitute(local_rank=...)`` on every argument, the
+    script's path too, so ``$$`` becomes ``$`` there as well). The program,
+    ``command[0]``, is left as it is (torchrun's entrypoint: its python, or the program
+    of ``--no-python``). Pure."""
+    if not command:
+        return ()
+    value = str(local_rank)
+    return (command[0], *(string.Template(arg).safe_substitute(local_rank=value) for arg in command[1:]))
 
 
 class StartFailure(LaunchError):

@@ -130,6 +130,9 @@ class OutputSink:
         self._failure_lock = threading.Lock()
         self._dead_streams: set[int] = set()
         self._dead_files: set[IO[bytes]] = set()
+        #: The streams (a rank's stream to a file or to an unprefixed terminal) whose last
+        #: piece ended inside a line: the next one carries no time stamp.
+        self._mid_line: set[object] = set()
         self.failure: OutputFailure | None = None
         #: What this sink created (the directory and the folders above it that were
         #: missing, the rank files and, in the "horovod" layout, the rank folders), so
@@ -261,19 +264,20 @@ class OutputSink:
         """Write one piece of rank ``rank``'s ``stream`` (:data:`STDOUT` or
         :data:`STDERR`); never raises (see :attr:`failure`)."""
         if files is not None:
-            self._write_file(rank, piece, files.of(stream), partial)
+            self._write_file(rank, piece, files.of(stream), partial, stream)
             if not self.tee:
                 return
         if stream in self._dead_streams:
             return  # keep draining the worker's pipe, drop the bytes
-        stamp = time.asctime().encode() if self.timestamp else b""
         if self.prefix:
+            stamp = time.asctime().encode() if self.timestamp else b""
             text = stamp + f"[{rank}] ".encode() + piece
             if not text.endswith((b"\n", b"\r")):  # \r: a progress bar redraws its line
                 text += b"\n"  # a piece of a long line: its own line, so ranks never mix
         else:
-            text = stamp + (b" " if stamp else b"") + piece
-            text = text if partial or text.endswith(b"\n") else text + b"\n"
+            # The bytes as written (a last piece without a newline too, as a rank's own
+            # terminal under mpirun or torchrun shows it).
+            text = self._stamped((rank, stream), piece, partial)
         terminal = self.stderr if stream == STDERR else self.stdout
         with self._lock:
             if stream in self._dead_streams:
@@ -285,7 +289,7 @@ class OutputSink:
                 self._dead_streams.add(stream)
                 self._fail_terminal(exc, terminal, "stderr" if stream == STDERR else "stdout")
 
-    def _write_file(self, rank: int, piece: bytes, file: IO[bytes], partial: bool) -> None:
+    def _write_file(self, rank: int, piece: bytes, file: IO[bytes], partial: bool, stream: int) -> None:
         if file in self._dead_files:
             return
         if self.hide is not None and (at := piece.find(self.hide)) >= 0:
@@ -294,10 +298,11 @@ class OutputSink:
             piece, partial = piece[:at], False
             if not piece:
                 return
-        if not partial and not piece.endswith(b"\n"):
             piece += b"\n"
-        if self.timestamp:
-            piece = time.asctime().encode() + b" " + piece
+        # Otherwise the bytes exactly as the rank wrote them: a last piece without a
+        # newline stays without one, as in torchrun's --redirects files and mpirun's
+        # --output-filename ones.
+        piece = self._stamped((file, stream), piece, partial)  # one file may take both streams
         try:
             file.write(piece)
             file.flush()
@@ -307,6 +312,19 @@ class OutputSink:
             self._record(OutputFailure(
                 f"cannot write rank {rank}'s output to {getattr(file, 'name', '?')} ({reason}); "
                 "free space there or choose another --output-filename", 1))
+
+    def _stamped(self, where: object, piece: bytes, partial: bool) -> bytes:
+        """``piece`` with ``--timestamp-output``'s time in front where it starts a line
+        (Horovod's ``prefix_connection`` stamps each line after a newline or carriage
+        return), never inside a line longer than a piece."""
+        at_start = where not in self._mid_line
+        if partial and not piece.endswith(b"\r"):
+            self._mid_line.add(where)
+        else:
+            self._mid_line.discard(where)
+        if not self.timestamp or not at_start:
+            return piece
+        return time.asctime().encode() + b" " + piece
 
     def _fail_terminal(self, exc: BaseException, terminal: IO[bytes], name: str) -> None:
         if isinstance(exc, OSError) and exc.errno == errno.EPIPE:

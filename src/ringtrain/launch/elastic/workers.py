@@ -210,7 +210,8 @@ class JobWorkers:
                 env.update(self.overlay(places[w], size, rank0.addr, rank0.port, hvd, version))
                 env["RINGTRAIN_ELASTIC_FILE"] = self.procs[w].file
                 items.append({"rank": w, "local_size": places[w].local_size, "env": env,
-                              "label": f"rank {places[w].rank}"})
+                              "label": f"rank {places[w].rank}",
+                              "command": list(cfg.rank_command(places[w].local_rank))})
             host.remote.send_spec({"cwd": working_directory(cfg), "command": list(cfg.command),
                                    "ranks": items, "listen": None,
                                    "heartbeat_timeout": cfg.heartbeat_timeout,
@@ -230,7 +231,7 @@ class JobWorkers:
             full.update(RINGTRAIN_WORLD_VERSION=str(version), RINGTRAIN_ELASTIC_FILE=self.procs[w].file,
                         RINGTRAIN_STORE_FD=str(held[w].fileno()))
             full.update(worker_extras(full, p.local_size, 1))
-            worker = Worker(w, cfg.command, full, self.sink, 0, (held[w].fileno(),), cfg.cwd, host.name,
+            worker = Worker(w, cfg.rank_command(p.local_rank), full, self.sink, 0, (held[w].fileno(),), cfg.cwd, host.name,
                             label=f"rank {p.rank}")  # the number it is known by is the worker's
             self.procs[w].local = worker
             if self.watchdog is not None:
