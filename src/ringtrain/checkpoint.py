@@ -312,17 +312,19 @@ def verify(path: str | os.PathLike[str]) -> None:
 _UNSAFE_GLOBAL = re.compile(r"GLOBAL ([\w.]+)")
 
 
-def _unpickle(payload: bytes, path: Path, weights_only: bool, map_location: Any) -> Any:
+def _unpickle(payload: bytes, path: Path, weights_only: bool | None, map_location: Any) -> Any:
     """Unpickle safely: ``torch.load(weights_only=True)`` allows tensors, numbers,
     strings, bools, None and containers of them, which is everything ringtrain itself
     saves (model and optimizer state, loader positions, RNG states, step counts). The
     SHA-256 header proves the file is intact, not who wrote it: a crafted pickle could run
     code, so any other type is an error that names it; ``weights_only=False`` is the
-    explicit opt-in for a file you trust."""
+    explicit opt-in for a file you trust. ``None`` (the default) is torch.load's own
+    default: safe, unless ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1`` is set (torch honours
+    the variable only where the call leaves ``weights_only`` unset)."""
     try:
         return torch.load(io.BytesIO(payload), map_location=map_location, weights_only=weights_only)
     except Exception as exc:  # noqa: BLE001 - torch raises UnpicklingError or RuntimeError
-        if not weights_only or not isinstance(exc, pickle.UnpicklingError):
+        if weights_only is False or not isinstance(exc, pickle.UnpicklingError):
             # Not the safe load's refusal (that is an UnpicklingError): a map_location
             # naming a device this machine lacks, say. weights_only=False would not help.
             why = first_line(exc, 120)
@@ -339,7 +341,7 @@ def _unpickle(payload: bytes, path: Path, weights_only: bool, map_location: Any)
 
 
 def read(
-    path: str | os.PathLike[str], weights_only: bool = True, map_location: Any = "cpu"
+    path: str | os.PathLike[str], weights_only: bool | None = None, map_location: Any = "cpu"
 ) -> Any:
     """Read a checkpoint in this process alone: no collective, any rank may call it at any
     time (its file system must hold the file). Verified and loaded as :func:`load` does."""
@@ -348,7 +350,7 @@ def read(
 
 
 def load(
-    path: str | os.PathLike[str], weights_only: bool = True, map_location: Any = "cpu"
+    path: str | os.PathLike[str], weights_only: bool | None = None, map_location: Any = "cpu"
 ) -> Any:
     """Read a checkpoint; in a job, rank 0 reads and every rank gets the same state.
 
