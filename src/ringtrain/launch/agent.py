@@ -228,7 +228,12 @@ class _Agent:
 
         def relay(piece: bytes, partial: bool) -> None:
             # Bounded pieces: a 200 MB line costs one piece of memory here and in ringrun.
-            self.send(piece_head + piece + b"\n" if partial else line_head + piece)
+            # A last piece without a newline goes as a piece too: as a line, the framing
+            # newline would reach the rank's output file, which holds the bytes as written.
+            if partial or not piece.endswith(b"\n"):
+                self.send(piece_head + piece + b"\n")
+            else:
+                self.send(line_head + piece)
 
         return relay
 
