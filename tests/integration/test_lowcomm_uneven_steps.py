@@ -23,18 +23,13 @@ from typing import Any
 import pytest
 import torch
 from ringtest import run_scenarios, run_world, scenario_results
+from trainhelp import rank_batch, small_regressor
 
 H = 3
 
 
-def _model() -> torch.nn.Module:
-    torch.manual_seed(0)
-    return torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
-
-
-def _batch(step: int, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
-    g = torch.Generator().manual_seed(100 * step + rank)
-    return torch.randn(4, 6, generator=g), torch.randn(4, 1, generator=g)
+_model = small_regressor
+_batch = rank_batch
 
 
 def _train(m: torch.nn.Module, opt: Any, steps: int, rank: int) -> list[list[torch.Tensor]]:
