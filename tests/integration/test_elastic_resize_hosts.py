@@ -184,9 +184,16 @@ def test_three_hosts_shrink_to_two_when_one_dies_and_grow_back_when_it_returns(
 def test_a_host_that_vanishes_silently_is_dropped_and_nobody_waits_for_it(
         hosts: ElasticHosts, tmp_path: Path) -> None:
     """Its link goes down first, then everything on it dies: no connection is closed,
-    no RST reaches anyone. ringrun notices through ssh's keep-alive (~15 s); the
-    survivors, blocked in a collective with the dead host, are freed by closing their
-    own ends of its connections, and go on with 2 within 30 s of the loss."""
+    no RST reaches anyone. ringrun notices through ssh's keep-alive; the survivors,
+    blocked in a collective with the dead host, are freed by closing their own ends of
+    its connections, and go on with 2 within 30 s of the loss.
+
+    The keep-alive is set through ``--ssh-option`` to 2 s x 2 (ringrun's own 5 s x 3 is
+    ~15 s of waiting, and the user's options come first on ssh's command line): ~4-6 s
+    to notice, and a live sshd (same kernel, answering at once) would have to stay silent
+    for 4 s on end to be taken for a dead one, hundreds of times a loaded 2-core
+    machine's scheduling delay. Two epochs: the loss lands mid-epoch 1 (15 steps an
+    epoch at 3 ranks), so the rest of that epoch and the run's end are at 2 ranks."""
     marker = new_marker()
     listed = tmp_path / "hosts.txt"
     _write_hosts(listed, hosts.addrs)
@@ -199,7 +206,8 @@ def test_a_host_that_vanishes_silently_is_dropped_and_nobody_waits_for_it(
     job = _Job([RINGRUN, *hosts.ssh_flags, "-x", "RINGTEST_MARKER", "--min-np", "2", "--max-np", "3",
                 # the workers' debug lines (worlds seen, connections closed) in a failure's report
                 "--log-level", "debug",
-                "--host-discovery-script", str(discover), "python", SCRIPT, str(out), "--epochs", "4"],
+                "--ssh-option", "ServerAliveInterval=2", "--ssh-option", "ServerAliveCountMax=2",
+                "--host-discovery-script", str(discover), "python", SCRIPT, str(out), "--epochs", "2"],
                marker, out)
     try:
         job.wait_for("step 20 at 3 ranks", lambda: any(
