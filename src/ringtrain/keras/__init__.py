@@ -20,7 +20,8 @@
 
 ``horovod.keras``'s module calls are here too (``init``, ``size``, ``rank``, ``local_rank``,
 ``local_size``, ``allreduce``, ``allgather``, ``broadcast``, ``Compression``, ``load_model``,
-``hvd.callbacks.*`` with ``LearningRateScheduleCallback``), so ``import ringtrain.keras as
+``hvd.callbacks.*`` with ``LearningRateScheduleCallback`` and ``BestModelCheckpoint``,
+``PartialDistributedOptimizer``), so ``import ringtrain.keras as
 hvd`` runs a Horovod Keras script.
 
 Needs ``pip install 'ringtrain[keras]'``; importing this package without Keras raises
@@ -42,6 +43,7 @@ from ringtrain.keras.basics import (  # noqa: E402
     broadcast,
     cross_rank,
     cross_size,
+    global_process_set,
     init,
     is_initialized,
     load_model,
@@ -53,6 +55,7 @@ from ringtrain.keras.basics import (  # noqa: E402
     size,
 )
 from ringtrain.keras.callbacks import (  # noqa: E402
+    BestModelCheckpoint,
     BroadcastGlobalVariablesCallback,
     LearningRateScheduleCallback,
     LearningRateWarmupCallback,
@@ -62,7 +65,7 @@ from ringtrain.keras.callbacks import (  # noqa: E402
 )
 from ringtrain.keras.checkpoint import CheckpointCallback, keras_state, restore  # noqa: E402
 from ringtrain.keras.data import LoaderDataset  # noqa: E402
-from ringtrain.keras.optimizer import DistributedOptimizer, GradientExchange  # noqa: E402
+from ringtrain.keras.optimizer import DistributedOptimizer, GradientExchange, PartialDistributedOptimizer  # noqa: E402
 
 __all__ = [
     "Average",
@@ -73,6 +76,7 @@ __all__ = [
     "broadcast",
     "cross_rank",
     "cross_size",
+    "global_process_set",
     "init",
     "is_initialized",
     "load_model",
@@ -84,6 +88,8 @@ __all__ = [
     "size",
     "DistributedOptimizer",
     "GradientExchange",
+    "PartialDistributedOptimizer",
+    "BestModelCheckpoint",
     "BroadcastGlobalVariablesCallback",
     "MetricAverageCallback",
     "LearningRateWarmupCallback",

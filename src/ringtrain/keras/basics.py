@@ -14,11 +14,13 @@ import torch
 from ringtrain import collectives, runtime, wiring
 from ringtrain.collectives import Average, ReduceOp, Sum
 from ringtrain.compression import Compression, Compressor
+from ringtrain.horovod.basics import global_process_set
 from ringtrain.keras._backend import load_keras
-from ringtrain.keras.optimizer import GradientExchange, _distributed_class, _DistributedMixin
+from ringtrain.keras.optimizer import GradientExchange, _distributed_class, _DistributedMixin, whole_job
 
 __all__ = [
     "Average", "Compression", "Sum", "allgather", "allreduce", "broadcast", "cross_rank", "cross_size",
+    "global_process_set",
     "init", "is_initialized", "load_model", "local_rank", "local_size", "rank", "reducescatter",
     "shutdown", "size",
 ]
@@ -73,9 +75,10 @@ def _as_torch(value: Any) -> torch.Tensor:
 
 def allreduce(value: Any, name: str | None = None, average: bool | None = None,
               prescale_factor: float = 1.0, postscale_factor: float = 1.0, op: Any = None,
-              compression: Compressor = Compression.none) -> Any:
+              compression: Compressor = Compression.none, process_set: Any = None) -> Any:
     """Reduce a number, array or tensor over every rank (default: average); returns a
-    backend tensor, as ``horovod.keras.allreduce``."""
+    backend tensor, as ``horovod.keras.allreduce``. ``process_set``: the global one only."""
+    whole_job(process_set, "allreduce")
     if op is None:
         op = collectives.Sum if average is False else collectives.Average
     t = _as_torch(value)
@@ -90,20 +93,24 @@ def allreduce(value: Any, name: str | None = None, average: bool | None = None,
     return keras.ops.convert_to_tensor(out)
 
 
-def allgather(value: Any, name: str | None = None) -> Any:
+def allgather(value: Any, name: str | None = None, process_set: Any = None) -> Any:
     """Concatenate every rank's value along the first dimension (sizes may differ), as
     ``horovod.keras.allgather``; a scalar counts as one row."""
+    whole_job(process_set, "allgather")
     return keras.ops.convert_to_tensor(collectives.allgather(_as_torch(value), name=name))
 
 
-def broadcast(value: Any, root_rank: int, name: str | None = None) -> Any:
+def broadcast(value: Any, root_rank: int, name: str | None = None, process_set: Any = None) -> Any:
     """``root_rank``'s value on every rank, as ``horovod.keras.broadcast`` (e.g. the epoch
     to resume from, which only rank 0 found)."""
+    whole_job(process_set, "broadcast")
     return keras.ops.convert_to_tensor(collectives.broadcast(_as_torch(value), root_rank, name=name))
 
 
-def reducescatter(value: Any, name: str | None = None, op: ReduceOp = Average) -> Any:
+def reducescatter(value: Any, name: str | None = None, op: ReduceOp = Average,
+                  process_set: Any = None) -> Any:
     """Reduce over ranks and keep this rank's share of the first dimension."""
+    whole_job(process_set, "reducescatter")
     return keras.ops.convert_to_tensor(collectives.reducescatter(_as_torch(value), op=op, name=name))
 
 

@@ -8,6 +8,8 @@
   rate to the scaled one over the first epochs (Goyal et al. 2017, section 2.2).
 - :class:`LearningRateScheduleCallback` sets ``initial_lr * multiplier(epoch)`` over a
   range of epochs (Horovod's piecewise schedules).
+- :class:`BestModelCheckpoint` saves the model on rank 0 whenever the monitored metric
+  improves.
 
 Put them first in ``callbacks=[...]``: Keras calls callbacks in list order and adds its
 progress bar and ``History`` after the user's, so they see the averaged numbers.
@@ -26,9 +28,9 @@ from ringtrain.collectives import Average, allgather_object, allreduce_
 from ringtrain.errors import ConfigError
 from ringtrain.keras._backend import load_keras
 from ringtrain.replicate import broadcast_tensors_
-from ringtrain.schedule import warmup_factor
 
 __all__ = [
+    "BestModelCheckpoint",
     "BroadcastGlobalVariablesCallback",
     "MetricAverageCallback",
     "LearningRateWarmupCallback",
@@ -105,6 +107,12 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):  # type: ignor
         if not all(isinstance(v, keras.Variable) for v in local_variables):
             raise ConfigError("local_variables must be keras.Variable objects (or one of them)")
         self._local_ids = {id(v) for v in local_variables}
+
+    def register_local_var(self, var: Any) -> None:
+        """Keep ``var`` per rank (not broadcast), as Horovod's."""
+        if not isinstance(var, keras.Variable):
+            raise ConfigError(f"register_local_var takes a keras.Variable, got {type(var).__name__}")
+        self._local_ids.add(id(var))
 
     def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
         if self.broadcast_done:
@@ -300,7 +308,12 @@ class LearningRateWarmupCallback(_RateCallback):
         # at the last warmup step and never touches the batch after it, where an epoch-
         # begin scheduler may have set another rate (ringtrain's t / W ended one step
         # short and set initial_lr over such a rate: a whole epoch 10x off).
-        return self.initial_lr * warmup_factor(step + 1, self._warmup_steps, self.start_factor)
+        # Over warmup_epochs * steps_per_epoch steps exactly, as Horovod's fractional epoch
+        # (rounding it up to whole steps, 4.5 -> 5, made every warmup batch's rate differ).
+        span = self.warmup_epochs * self.steps_per_epoch
+        if span <= 0 or step + 1 >= span:
+            return self.initial_lr
+        return self.initial_lr * (self.start_factor + (1.0 - self.start_factor) * (step + 1) / span)
 
     def on_train_batch_begin(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         if self._finished:
@@ -381,3 +394,39 @@ class LearningRateScheduleCallback(_RateCallback):
         else:
             assert self.steps_per_epoch is not None  # found in on_train_begin
             self._set_rate(self.initial_lr * float(self.multiplier(epoch + batch / self.steps_per_epoch)))
+
+
+class BestModelCheckpoint(keras.callbacks.ModelCheckpoint):  # type: ignore[misc,name-defined]
+    """Horovod's ``BestModelCheckpoint``: rank 0 saves the whole model to ``filepath``
+    each time ``monitor`` improves (``ModelCheckpoint`` with ``save_best_only=True``);
+    the other ranks save nothing.
+
+    Put :class:`MetricAverageCallback` before it, so rank 0 decides on the metric
+    averaged over ranks. Horovod leaves ``filepath`` to be set later (its Spark
+    estimator does); Keras 3 needs it when the callback is made, so pass it here (a
+    ``.keras`` path).
+    """
+
+    def __init__(self, monitor: str = "val_loss", verbose: int = 0, mode: str = "auto",
+                 save_freq: str | int = "epoch", *, filepath: str | None = None) -> None:
+        if filepath is None:
+            raise ConfigError(
+                "BestModelCheckpoint needs filepath= (a .keras path): Keras 3's ModelCheckpoint "
+                "takes it when the callback is made"
+            )
+        runtime.world()
+        super().__init__(filepath=filepath, monitor=monitor, verbose=verbose, save_best_only=True,
+                         save_weights_only=False, mode=mode, save_freq=save_freq)
+
+    def _save_model(self, epoch: int, batch: int | None, logs: dict[str, Any] | None) -> None:
+        # Every rank holds the same model; one writer, as Horovod's examples save on rank 0.
+        if runtime.rank() == 0:
+            super()._save_model(epoch, batch, logs)
+            return
+        # The others track ``best`` as rank 0 does (a script may read it on every rank).
+        verbose = int(getattr(self, "verbose", 0))
+        self.verbose = 0
+        try:
+            self._should_save_model(epoch, batch, logs, self._get_file_path(epoch, batch, logs))
+        finally:
+            self.verbose = verbose

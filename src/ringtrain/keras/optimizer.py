@@ -41,7 +41,7 @@ from ringtrain.fusion import FusedExchange
 from ringtrain.keras._backend import load_keras
 from ringtrain.keras.overlap import BackwardOverlap
 
-__all__ = ["DistributedOptimizer", "GradientExchange"]
+__all__ = ["DistributedOptimizer", "GradientExchange", "PartialDistributedOptimizer", "whole_job"]
 
 keras = load_keras()
 
@@ -106,6 +106,13 @@ class GradientExchange:
         #: Seconds the last exchange kept ``reduce`` waiting (pack, launch, wait): with
         #: overlap, only the part not hidden behind backward. For step meters.
         self.last_exchange_s = 0.0
+
+    def stop_overlap(self) -> None:
+        """Exchange after backward from now on (finishing and unhooking any overlap)."""
+        self.overlap = False
+        if self._overlap is not None:
+            self._overlap.detach()
+            self._overlap = None
 
     @property
     def pending_passes(self) -> int:
@@ -275,10 +282,39 @@ class GradientExchange:
         return out
 
 
+def whole_job(process_set: Any, what: str) -> None:
+    """Accept Horovod's ``process_set=`` when it names every rank; a ConfigError otherwise."""
+    if process_set is None:
+        return
+    ranks = getattr(process_set, "ranks", None)
+    if ranks is None or list(ranks) == list(range(runtime.size())):
+        return  # the global process set
+    raise ConfigError(
+        f"{what}: process_set= over ranks {list(ranks)} is not supported by ringtrain.keras "
+        "(Keras' torch backend exchanges over the whole job); leave process_set out, or use "
+        "ringtrain.horovod with process sets in a torch training loop"
+    )
+
+
 class _DistributedMixin:
     """Methods added in front of the wrapped Keras optimizer class (see the module doc)."""
 
     _ringtrain_exchange: GradientExchange
+    #: ids of the variables whose gradients stay local (Horovod's ``register_local_var``).
+    _ringtrain_local: set[int] = set()
+    _ringtrain_scale_local = True
+
+    def register_local_var(self, var: Any) -> None:
+        """Keep ``var``'s gradient on this rank (not exchanged), as Horovod's; it is divided
+        by ``size()`` unless the optimizer was made with ``scale_local_gradients=False``."""
+        if not isinstance(var, keras.Variable):
+            raise ConfigError(f"register_local_var takes a keras.Variable, got {type(var).__name__}")
+        if self._ringtrain_exchange.backward_passes_per_step > 1:
+            raise ConfigError(
+                "local variables with backward_passes_per_step > 1 are not supported; use "
+                "backward_passes_per_step=1, or accumulate in your own train_step"
+            )
+        object.__setattr__(self, "_ringtrain_local", self._ringtrain_local | {id(var)})
 
     def apply(self, grads: Sequence[Any], trainable_variables: Sequence[Any] | None = None) -> Any:
         if len(grads) == 0:
@@ -289,6 +325,9 @@ class _DistributedMixin:
             variables = list(self._trainable_variables)  # type: ignore[attr-defined]
         else:
             variables = list(trainable_variables)
+        local = self._ringtrain_local
+        if local:
+            return self._apply_partial(list(grads), variables, trainable_variables)
         params = [_torch_value(v) for v in variables]
         # Positional names with the short variable name: stable across ranks even when
         # Keras' auto-generated layer names differ, readable in a mismatch error.
@@ -302,6 +341,26 @@ class _DistributedMixin:
             _pass_counter(self).assign_add(1)
             return None
         return super().apply(reduced, trainable_variables)  # type: ignore[misc]
+
+    def _apply_partial(self, grads: list[Any], variables: list[Any],
+                       trainable_variables: Sequence[Any] | None) -> Any:
+        """Exchange the shared variables' gradients only; the local ones stay on this rank
+        (divided by ``size()`` with ``scale_local_gradients``, Horovod's default)."""
+        local = self._ringtrain_local
+        shared = [i for i, v in enumerate(variables) if id(v) not in local]
+        out = list(grads)
+        if shared:
+            params = [_torch_value(variables[i]) for i in shared]
+            names = [f"{i}:{getattr(variables[i], 'name', 'variable')}" for i in shared]
+            reduced = self._ringtrain_exchange.reduce([grads[i] for i in shared], params, names)
+            assert reduced is not None  # backward_passes_per_step is 1 (register_local_var)
+            for i, g in zip(shared, reduced, strict=True):
+                out[i] = g
+        if self._ringtrain_scale_local:
+            n = float(runtime.size())
+            out = [g / n if g is not None and id(variables[i]) in local else g
+                   for i, g in enumerate(out)]
+        return super().apply(out, trainable_variables)  # type: ignore[misc]
 
     def apply_accumulated(self) -> None:
         """Exchange and apply gradients accumulated over fewer than
@@ -364,8 +423,15 @@ def _finite_on_every_rank(check_finite: Callable[[Any, Any], Any]) -> Callable[[
     @functools.wraps(check_finite)
     def check(self: Any, grads: Any) -> Any:
         finite = check_finite(self, grads)
-        if not isinstance(getattr(self, "inner_optimizer", None), _DistributedMixin) \
-                or runtime.size() == 1:
+        inner = getattr(self, "inner_optimizer", None)
+        if not isinstance(inner, _DistributedMixin):
+            return finite
+        if inner.exchange.overlap:
+            # Backward leaves the *scaled* gradients in .grad and the inner apply gets
+            # them divided by the scale: an overlapped exchange never matched, so every
+            # step exchanged twice (and a skipped step left its exchanges in flight).
+            inner.exchange.stop_overlap()
+        if runtime.size() == 1:
             return finite
         flag = torch.tensor([1.0 if bool(finite) else 0.0], device=runtime.device())
         allreduce_(flag, op=Min, name="keras.loss_scale.finite")
@@ -420,6 +486,8 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name, a factory returning th
     sparse_as_dense: bool = False,
     num_groups: int = 0,
     groups: Any = None,
+    process_set: Any = None,
+    scale_local_gradients: bool = True,
 ) -> Any:
     """Return a copy of the Keras ``optimizer`` that combines gradients across ranks.
 
@@ -444,6 +512,10 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name, a factory returning th
             gradients, and the exchange runs on the job's device).
         num_groups, groups: Horovod's fusion groups; ringtrain fuses into ``fusion_mb``
             buckets instead (a warning says so).
+        process_set: Horovod's; only the global process set (every rank) is supported,
+            another raises a ConfigError.
+        scale_local_gradients: divide the gradients of variables registered with
+            ``register_local_var`` by ``size()`` (Horovod's default).
 
     Scale the learning rate by ``rt.size()`` yourself (``rt.scale_lr``), as with Horovod.
     """
@@ -458,6 +530,7 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name, a factory returning th
             "the optimizer is already built (it has state); wrap it in DistributedOptimizer "
             "before model.compile()/fit()"
         )
+    whole_job(process_set, "DistributedOptimizer")
     del name, device_dense, device_sparse, sparse_as_dense  # no effect on the torch backend
     if num_groups or groups is not None:
         warnings.warn("num_groups/groups have no effect here: ringtrain fuses gradients into "
@@ -473,4 +546,51 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name, a factory returning th
     wrapped = _distributed_class(type(optimizer)).from_config(optimizer.get_config())
     # object.__setattr__: Keras' optimizer __setattr__ would try to track the attribute.
     object.__setattr__(wrapped, "_ringtrain_exchange", exchange)
+    object.__setattr__(wrapped, "_ringtrain_scale_local", bool(scale_local_gradients))
+    return wrapped
+
+
+def PartialDistributedOptimizer(  # noqa: N802 - Horovod's name
+    optimizer: Any,
+    name: str | None = None,
+    device_dense: str = "",
+    device_sparse: str = "",
+    compression: Compressor = Compression.none,
+    sparse_as_dense: bool = False,
+    gradient_predivide_factor: float = 1.0,
+    op: ReduceOp = Average,
+    backward_passes_per_step: int = 1,
+    average_aggregated_gradients: bool = False,
+    groups: Any = None,
+    process_set: Any = None,
+    local_layers: Any = None,
+    scale_local_gradients: bool = True,
+) -> Any:
+    """Horovod's ``PartialDistributedOptimizer``: a :func:`DistributedOptimizer` whose
+    ``local_layers``' trainable weights keep their gradients on each rank (model-parallel
+    parts), divided by ``size()`` unless ``scale_local_gradients=False``; the other
+    arguments are :func:`DistributedOptimizer`'s (positional order is Horovod's)."""
+    if local_layers is None:
+        local_layers = []
+    elif isinstance(local_layers, keras.layers.Layer):
+        local_layers = [local_layers]
+    local_layers = list(local_layers)
+    if not all(isinstance(layer, keras.layers.Layer) for layer in local_layers):
+        raise ConfigError("local_layers must be keras.layers.Layer objects (or one of them)")
+    unbuilt = [layer.name for layer in local_layers if not layer.built]
+    if unbuilt:
+        # An unbuilt layer has no weights yet: they would be averaged like the others.
+        raise ConfigError(
+            f"local layers {unbuilt} are not built (no weights yet); build the model first "
+            "(keras.Input, model.build or one call) before PartialDistributedOptimizer"
+        )
+    wrapped = DistributedOptimizer(
+        optimizer, compression, backward_passes_per_step, op,
+        average_aggregated_gradients=average_aggregated_gradients,
+        gradient_predivide_factor=gradient_predivide_factor, name=name, device_dense=device_dense,
+        device_sparse=device_sparse, sparse_as_dense=sparse_as_dense, groups=groups,
+        process_set=process_set, scale_local_gradients=scale_local_gradients)
+    for layer in local_layers:
+        for var in layer.trainable_weights:
+            wrapped.register_local_var(var)
     return wrapped
