@@ -12,6 +12,7 @@ adds ``|g|^p / k`` on each of them.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 
 import torch
@@ -81,7 +82,9 @@ def clip_grad_norm(parameters: Iterable[nn.Parameter], max_norm: float,
         dist.all_reduce(total, op=dist.ReduceOp.MAX if p == float("inf") else dist.ReduceOp.SUM)
     norm = float(total) if p == float("inf") else float(total) ** (1.0 / p)
     coef = max_norm / (norm + 1e-6)
-    if coef < 1.0:
+    # A NaN norm scales every gradient by NaN, as torch's clamp(coef, max=1) does, so a
+    # non-finite step shows on every parameter (not only where the NaN arose).
+    if coef < 1.0 or math.isnan(coef):
         for grad in grads:
             grad.detach().mul_(coef)
     return norm

@@ -36,7 +36,7 @@ from ringtrain.parallel.clip import clip_grad_norm
 from ringtrain.parallel.layout import Coords, Layout
 from ringtrain.parallel.memory import StateMemory, state_memory
 from ringtrain.parallel.mesh import Mesh, build_mesh
-from ringtrain.parallel.order import OrderProbe, order_probe
+from ringtrain.parallel.order import OrderProbe, colwise_called_last, order_probe
 from ringtrain.parallel.pipeline import Pipeline, StageTimes
 from ringtrain.parallel.shard import apply_fsdp
 from ringtrain.parallel.split import StageModule, pipeline_units, split_units
@@ -85,6 +85,9 @@ class Parallel:
         #: comparing (see :meth:`_check_tensor_replicas`), and whether a step did already.
         self._replicas_pending = True
         self._replicas_compared = False
+        #: The split layers (name -> style) whose call order the first step without a
+        #: pipeline watches, for a "colwise" layer called last (see :meth:`_forward`).
+        self.head_watch: dict[str, str] = {}
         #: The model's own forward on meta tensors, until a step has checked that it runs
         #: the units as the stages do (see :mod:`ringtrain.parallel.order`).
         self.order_probe: OrderProbe | None = None
@@ -156,7 +159,7 @@ class Parallel:
         else:
             if inputs is None or targets is None:
                 raise ConfigError(_NO_DATA)
-            loss = self.loss_fn(self.module(inputs), targets)
+            loss = self.loss_fn(self._forward(inputs), targets)
             loss.backward()
             local = loss.detach()
         value = self._global_loss(local, targets)
@@ -167,6 +170,34 @@ class Parallel:
         if optimizer is not None:
             self.update(optimizer)
         return value
+
+    def _forward(self, inputs: Any) -> Any:
+        """The module's forward; at the first step, watching the split layers' calls.
+
+        ``parallelize`` refuses a plan whose last registered layer is ``"colwise"``, but
+        registration order is not call order (a model may register its output layer
+        before a final norm): a ``"colwise"`` layer that the forward calls after every
+        other split layer has no rowwise partner after it, so the loss would get each
+        rank's slice of its output. Every rank runs the same forward, so each raises the
+        same error here, after the forward's collectives and before the loss; every
+        step does until one passes.
+        """
+        if not self.head_watch:
+            return self.module(inputs)
+        watched = self.head_watch
+        calls: list[str] = []
+        handles = [self.module.get_submodule(name).register_forward_hook(
+            lambda *_, name=name: calls.append(name)) for name in watched]
+        try:
+            out = self.module(inputs)
+        finally:
+            for handle in handles:
+                handle.remove()
+        problem = colwise_called_last(calls, watched)
+        if problem is not None:
+            raise ConfigError(problem)
+        self.head_watch = {}  # (until a step passes, every step raises it)
+        return out
 
     def _warn_training_batch_norm(self) -> None:
         """The batch norm warning of :func:`parallelize`, once, for a batch norm that was
@@ -899,7 +930,7 @@ def parallelize(model: nn.Module, loss_fn: LossFn, *, pipeline: int = 1, tensor:
     probe = None
     if groups is not None:
         # Before the cut: the probe copies the model's structure (as meta tensors).
-        probe = order_probe(model, [name for group in groups for name, _ in group])
+        probe = order_probe(model, [name for group in groups for name, _ in group], resolved)
         mine = groups[coords.stage]
         for stage, others in enumerate(groups):
             if stage != coords.stage:
@@ -930,6 +961,8 @@ def parallelize(model: nn.Module, loss_fn: LossFn, *, pipeline: int = 1, tensor:
                         loss_fn, dev, mesh.pipeline_group())
     par = Parallel(layout, coords, module, mesh, loss_fn, pipe, dev, rank)
     par.order_probe = probe
+    if pipe is None and layout.tensor > 1:
+        par.head_watch = dict(local_plan)
     # A batch norm in eval() mode now and switched to train() later (a script that
     # evaluates first, or builds the model in eval mode) is said at that step.
     par._batch_norms = norms

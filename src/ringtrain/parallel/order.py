@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import copy
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -28,13 +28,17 @@ from torch import nn
 
 from ringtrain.errors import ConfigError
 
-__all__ = ["OrderProbe", "order_probe"]
+__all__ = ["OrderProbe", "colwise_called_last", "order_probe"]
 
 log = logging.getLogger("ringtrain.parallel")
 
 
-def order_probe(model: nn.Module, names: Sequence[str]) -> OrderProbe | None:
+def order_probe(model: nn.Module, names: Sequence[str],
+                plan: Mapping[str, str] | None = None) -> OrderProbe | None:
     """A probe of ``model``'s forward over the units ``names``, or None (not copyable).
+
+    ``plan``: the tensor plan (module name -> style) whose split layers' call order the
+    probe also checks (see :func:`colwise_called_last`).
 
     Call before the model is cut: the copy shares no storage with it (every parameter
     and buffer is replaced by a meta tensor of its shape), so it costs no memory.
@@ -51,15 +55,33 @@ def order_probe(model: nn.Module, names: Sequence[str]) -> OrderProbe | None:
         log.warning("cannot check that the model's forward runs its pipeline units in "
                     "order (the model cannot be copied: %s)", exc)
         return None
-    return OrderProbe(skeleton, names)
+    return OrderProbe(skeleton, names, plan or {})
+
+
+def colwise_called_last(calls: Sequence[str], plan: Mapping[str, str]) -> str | None:
+    """The error for split layers called in the order ``calls``, or None.
+
+    A ``"colwise"`` layer's output is each tensor rank's slice of its features, for a
+    rowwise layer after it; one called after every other split layer has none, so the
+    loss would get the slice (the registration-order check in
+    :mod:`ringtrain.parallel.tensor` misses a head registered before a final norm).
+    """
+    if not calls or plan.get(calls[-1]) != "colwise":
+        return None
+    return (f"tensor plan: {calls[-1]} ('colwise') is the last split layer the model's "
+            "forward calls, so the loss would get each tensor rank's slice of its output "
+            "features; plan it as 'colwise_gathered' (split, output gathered whole) or "
+            "leave it out of the plan")
 
 
 class OrderProbe:
     """The model's forward, on meta tensors, compared with the stages' order."""
 
-    def __init__(self, skeleton: nn.Module, names: Sequence[str]) -> None:
+    def __init__(self, skeleton: nn.Module, names: Sequence[str],
+                 plan: Mapping[str, str] | None = None) -> None:
         self.skeleton = skeleton
         self.names = list(names)
+        self.plan = dict(plan or {})
 
     def check(self, shape: Sequence[int], dtype: torch.dtype, stages: int) -> None:
         """A ConfigError unless forward on an input of ``shape`` runs the units in order."""
@@ -74,6 +96,9 @@ class OrderProbe:
 
         handles = [unit.register_forward_hook(hook(i), with_kwargs=True)
                    for i, unit in enumerate(units)]
+        split: list[str] = []  # the planned layers, in the order forward calls them
+        handles += [self.skeleton.get_submodule(name).register_forward_hook(
+            lambda *_, name=name: split.append(name)) for name in self.plan]
         x = torch.empty(list(shape), dtype=dtype, device="meta")
         try:
             with torch.no_grad():
@@ -89,6 +114,9 @@ class OrderProbe:
                 handle.remove()
         problem = self._problem(calls, x, out)
         if problem is None:
+            head = colwise_called_last(split, self.plan)
+            if head is not None:
+                raise ConfigError(head)
             return
         shown = ", ".join(self.names[:5]) + (", ..." if len(self.names) > 5 else "")
         raise ConfigError(

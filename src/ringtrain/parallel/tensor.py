@@ -74,6 +74,7 @@ def check_plan(model: nn.Module, resolved: Mapping[str, str], tensor: int) -> No
                 f"tensor parallel: {name} ({style}) has {size} {what}, which tensor="
                 f"{tensor} does not divide; choose tensor from {fits or [1]} or resize the layer")
     _check_last_layer(model, resolved)
+    _check_not_tied(model, resolved)
     for name, module in model.named_modules():
         heads = next((getattr(module, a) for a in _HEAD_ATTRS
                       if isinstance(getattr(module, a, None), int)), None)
@@ -116,6 +117,31 @@ def _check_last_layer(model: nn.Module, resolved: Mapping[str, str]) -> None:
         f"tensor plan: {last} is the model's last layer and 'colwise' would hand the "
         "loss each tensor rank's slice of its output features; plan it as "
         "'colwise_gathered' (split, output gathered whole) or leave it out of the plan")
+
+
+def _check_not_tied(model: nn.Module, resolved: Mapping[str, str]) -> None:
+    """A ConfigError when a planned layer holds a parameter another module also holds.
+
+    ``parallelize_module`` replaces the layer's parameter by a new DTensor parameter and
+    leaves the other holder's tensor whole: an output layer tied to the embedding (GPT-2,
+    nanoGPT) would become two parameters, each trained by its own gradients only,
+    silently another model than the one process's (its loss drifts from the second step).
+    """
+    # By module object: one module reused under two names is split once, for both.
+    owners: dict[int, list[tuple[int, str]]] = {}
+    for mname, module in model.named_modules(remove_duplicate=False):
+        for pname, param in module.named_parameters(recurse=False, remove_duplicate=False):
+            owners.setdefault(id(param), []).append(
+                (id(module), f"{mname}.{pname}" if mname else pname))
+    for name in resolved:
+        layer = model.get_submodule(name)
+        for pname, param in layer.named_parameters(recurse=False):
+            others = [o for m, o in owners[id(param)] if m != id(layer)]
+            if others:
+                raise ConfigError(
+                    f"tensor plan: {name}.{pname} is tied to {others[0]} (one parameter), "
+                    f"and splitting {name} would untie them, each then trained by its own "
+                    f"gradients only; leave {name} out of the plan or untie the weights")
 
 
 def apply_plan(model: nn.Module, resolved: Mapping[str, str], mesh: object) -> None:
