@@ -36,7 +36,7 @@ from ringtrain.parallel.clip import clip_grad_norm
 from ringtrain.parallel.layout import Coords, Layout
 from ringtrain.parallel.memory import StateMemory, state_memory
 from ringtrain.parallel.mesh import Mesh, build_mesh
-from ringtrain.parallel.order import OrderProbe, colwise_called_last, order_probe
+from ringtrain.parallel.order import OrderProbe, order_probe, split_order_problem
 from ringtrain.parallel.pipeline import Pipeline, StageTimes
 from ringtrain.parallel.shard import apply_fsdp
 from ringtrain.parallel.split import StageModule, pipeline_units, split_units
@@ -193,7 +193,7 @@ class Parallel:
         finally:
             for handle in handles:
                 handle.remove()
-        problem = colwise_called_last(calls, watched)
+        problem = split_order_problem(calls, watched)
         if problem is not None:
             raise ConfigError(problem)
         self.head_watch = {}  # (until a step passes, every step raises it)

@@ -28,7 +28,7 @@ from torch import nn
 
 from ringtrain.errors import ConfigError
 
-__all__ = ["OrderProbe", "colwise_called_last", "order_probe"]
+__all__ = ["OrderProbe", "split_order_problem", "order_probe"]
 
 log = logging.getLogger("ringtrain.parallel")
 
@@ -38,7 +38,7 @@ def order_probe(model: nn.Module, names: Sequence[str],
     """A probe of ``model``'s forward over the units ``names``, or None (not copyable).
 
     ``plan``: the tensor plan (module name -> style) whose split layers' call order the
-    probe also checks (see :func:`colwise_called_last`).
+    probe also checks (see :func:`split_order_problem`).
 
     Call before the model is cut: the copy shares no storage with it (every parameter
     and buffer is replaced by a meta tensor of its shape), so it costs no memory.
@@ -58,20 +58,39 @@ def order_probe(model: nn.Module, names: Sequence[str],
     return OrderProbe(skeleton, names, plan or {})
 
 
-def colwise_called_last(calls: Sequence[str], plan: Mapping[str, str]) -> str | None:
+def split_order_problem(calls: Sequence[str], plan: Mapping[str, str]) -> str | None:
     """The error for split layers called in the order ``calls``, or None.
 
-    A ``"colwise"`` layer's output is each tensor rank's slice of its features, for a
-    rowwise layer after it; one called after every other split layer has none, so the
-    loss would get the slice (the registration-order check in
-    :mod:`ringtrain.parallel.tensor` misses a head registered before a final norm).
+    A ``"colwise"`` layer's output is each tensor rank's slice of its features, which
+    only a ``"rowwise"`` layer takes (Megatron's pairing: q, k, v then o; w1, w3 then
+    w2). So a ``"colwise"`` layer called after every other split layer hands the loss
+    the slice (the registration-order check in :mod:`ringtrain.parallel.tensor` misses
+    a head registered before a final norm), and a ``"rowwise"`` layer whose input did
+    not come from a ``"colwise"`` one, or a ``"colwise_gathered"`` one called on a
+    slice, would fail deep in DTensor with a multi-line sharding error.
     """
-    if not calls or plan.get(calls[-1]) != "colwise":
+    if not calls:
         return None
-    return (f"tensor plan: {calls[-1]} ('colwise') is the last split layer the model's "
-            "forward calls, so the loss would get each tensor rank's slice of its output "
-            "features; plan it as 'colwise_gathered' (split, output gathered whole) or "
-            "leave it out of the plan")
+    if plan.get(calls[-1]) == "colwise":
+        return (f"tensor plan: {calls[-1]} ('colwise') is the last split layer the model's "
+                "forward calls, so the loss would get each tensor rank's slice of its output "
+                "features; plan it as 'colwise_gathered' (split, output gathered whole) or "
+                "leave it out of the plan")
+    previous = None
+    for name in calls:
+        style = plan.get(name)
+        if style == "rowwise" and plan.get(previous or "") != "colwise":
+            after = f"after {previous} ({plan.get(previous or '')!r})" if previous else "first"
+            return (f"tensor plan: {name} ('rowwise') is called {after}, so its input is not the "
+                    "slice a 'colwise' layer makes; pair each 'rowwise' layer with the 'colwise' "
+                    "layer(s) the forward calls just before it (e.g. q, k, v then o), or leave it "
+                    "out of the plan")
+        if style == "colwise_gathered" and plan.get(previous or "") == "colwise":
+            return (f"tensor plan: {name} ('colwise_gathered') is called after {previous} "
+                    "('colwise'), whose output is each rank's slice; a 'colwise' layer's output "
+                    "goes to a 'rowwise' layer: plan the layer after it as 'rowwise'")
+        previous = name
+    return None
 
 
 class OrderProbe:
@@ -114,7 +133,7 @@ class OrderProbe:
                 handle.remove()
         problem = self._problem(calls, x, out)
         if problem is None:
-            head = colwise_called_last(split, self.plan)
+            head = split_order_problem(split, self.plan)
             if head is not None:
                 raise ConfigError(head)
             return

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from ringtrain.errors import ConfigError
-from ringtrain.parallel.order import colwise_called_last, order_probe
+from ringtrain.parallel.order import order_probe, split_order_problem
 
 
 class Head(nn.Module):
@@ -51,6 +51,16 @@ def test_the_probe_passes_a_gathered_head_and_a_plan_ending_rowwise() -> None:
 def test_call_order_not_registration_order_decides() -> None:
     # torchtitan's feed-forward: w1, w2, w3 registered; w2(silu(w1(x)) * w3(x)) called.
     plan = {"w1": "colwise", "w2": "rowwise", "w3": "colwise"}
-    assert colwise_called_last(["w1", "w3", "w2"], plan) is None
-    assert colwise_called_last(["w1", "w2", "w3"], plan) is not None
-    assert colwise_called_last([], plan) is None
+    assert split_order_problem(["w1", "w3", "w2"], plan) is None
+    assert split_order_problem(["w1", "w2", "w3"], plan) is not None
+    assert split_order_problem([], plan) is None
+
+
+def test_a_rowwise_layer_without_its_colwise_partner_is_named() -> None:
+    plan = {"a": "colwise", "b": "rowwise", "c": "rowwise", "d": "colwise_gathered"}
+    assert "b ('rowwise') is called first" in str(split_order_problem(["b", "a", "c"], plan))
+    assert "c ('rowwise') is called after b ('rowwise')" in str(split_order_problem(["a", "b", "c"], plan))
+    assert "d ('colwise_gathered') is called after a ('colwise')" in str(split_order_problem(["a", "d"], plan))
+    # Megatron's pairs, several colwise layers before one rowwise, and a gathered head.
+    assert split_order_problem(["a", "b", "d"], plan) is None
+    assert split_order_problem(["d", "a", "a", "b"], plan) is None
