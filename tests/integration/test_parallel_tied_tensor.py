@@ -111,10 +111,29 @@ def _head_steps(style: str) -> list[Any]:
     return outcomes
 
 
+def _pair_step(plan: dict[str, str]) -> str:
+    """The first step's error (type: first line) for a plan whose pairs are wrong."""
+    from ringtrain.parallel import parallelize
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(WIDTH, 16), nn.Tanh(), nn.Linear(16, 4))
+    par = parallelize(model, nn.functional.cross_entropy, tensor=2, tensor_plan=plan)
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(8, WIDTH, generator=g), torch.randint(0, 4, (8,), generator=g)
+    try:
+        par.step(x, y)
+    except Exception as exc:  # noqa: BLE001 - the error's type and text are the result
+        return f"{type(exc).__name__}: {exc}"
+    return "no error"
+
+
 def all_plans() -> dict[str, Any]:
     return {"head": _train({"head": "colwise_gathered"}),
             "mid": _train({"mid": "colwise_gathered"}),
-            "colwise head": _head_steps("colwise")}
+            "colwise head": _head_steps("colwise"),
+            # Named before the layer runs (DTensor's matmul would fail inside it first).
+            "rowwise first": _pair_step({"0": "rowwise", "2": "colwise_gathered"}),
+            "gathered after colwise": _pair_step({"0": "colwise", "2": "colwise_gathered"})}
 
 
 @pytest.mark.timeout(120)
@@ -132,3 +151,7 @@ def test_a_tied_or_misordered_head_is_not_split_silently_under_tensor_parallelis
             assert isinstance(message, str), out["colwise head"]
             assert "head ('colwise') is the last split layer the model's forward calls" in message
             assert "\n" not in message
+    for out in ranks:
+        assert out["rowwise first"].startswith("ConfigError: tensor plan: 0 ('rowwise') is called first"), out
+        assert out["gathered after colwise"].startswith(
+            "ConfigError: tensor plan: 2 ('colwise_gathered') is called after 0 ('colwise')"), out

@@ -186,8 +186,17 @@ class Parallel:
             return self.module(inputs)
         watched = self.head_watch
         calls: list[str] = []
-        handles = [self.module.get_submodule(name).register_forward_hook(
-            lambda *_, name=name: calls.append(name)) for name in watched]
+
+        def called(name: str) -> None:
+            # Before the layer runs: a misplanned pair fails inside DTensor's matmul with
+            # a multi-line sharding error, so the pair is named here first.
+            calls.append(name)
+            problem = split_order_problem(calls, watched, complete=False)
+            if problem is not None:
+                raise ConfigError(problem)
+
+        handles = [self.module.get_submodule(name).register_forward_pre_hook(
+            lambda *_, name=name: called(name)) for name in watched]
         try:
             out = self.module(inputs)
         finally:

@@ -58,8 +58,10 @@ def order_probe(model: nn.Module, names: Sequence[str],
     return OrderProbe(skeleton, names, plan or {})
 
 
-def split_order_problem(calls: Sequence[str], plan: Mapping[str, str]) -> str | None:
-    """The error for split layers called in the order ``calls``, or None.
+def split_order_problem(calls: Sequence[str], plan: Mapping[str, str], complete: bool = True) -> str | None:
+    """The error for split layers called in the order ``calls``, or None. ``complete``:
+    ``calls`` is the whole forward's (False while it runs: the pairs are checked as each
+    layer is called, before DTensor fails inside a misplanned one, but not the last call).
 
     A ``"colwise"`` layer's output is each tensor rank's slice of its features, which
     only a ``"rowwise"`` layer takes (Megatron's pairing: q, k, v then o; w1, w3 then
@@ -71,7 +73,7 @@ def split_order_problem(calls: Sequence[str], plan: Mapping[str, str]) -> str | 
     """
     if not calls:
         return None
-    if plan.get(calls[-1]) == "colwise":
+    if complete and plan.get(calls[-1]) == "colwise":
         return (f"tensor plan: {calls[-1]} ('colwise') is the last split layer the model's "
                 "forward calls, so the loss would get each tensor rank's slice of its output "
                 "features; plan it as 'colwise_gathered' (split, output gathered whole) or "
