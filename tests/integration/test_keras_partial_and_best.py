@@ -85,6 +85,8 @@ def _process_sets(hvd: Any, keras: Any) -> dict[str, Any]:
         "unbuilt_local": error_of(lambda: hvd.PartialDistributedOptimizer(
             keras.optimizers.SGD(LR), local_layers=keras.layers.Dense(1))),
         "global_allreduce": float(np.asarray(hvd.allreduce(float(hvd.rank()), process_set=hvd.global_process_set))),
+        # Horovod's second positional argument is name=: a clear error, not a wrong wrap.
+        "positional_name": error_of(lambda: hvd.DistributedOptimizer(keras.optimizers.SGD(LR), "opt")),
     }
 
 
@@ -222,6 +224,7 @@ def test_process_set_other_than_the_whole_job_is_refused(world: list[dict[str, A
         assert got[key] is not None and got[key][0] == "ConfigError" and "process_set=" in got[key][1], got[key]
     assert got["unbuilt_local"] is not None and "not built" in got["unbuilt_local"][1]
     assert got["global_allreduce"] == 0.5
+    assert got["positional_name"] is not None and "pass name=" in got["positional_name"][1], got
 
 
 @pytest.mark.timeout(120)

@@ -77,8 +77,11 @@ class GradientExchange:
                 f"backward_passes_per_step must be an int >= 1, got {backward_passes_per_step!r}"
             )
         if not isinstance(compression, Compressor):
+            # A string here is most often Horovod's positional name= (its second argument).
+            hint = (" (Horovod's DistributedOptimizer takes name second: pass name=, compression= "
+                    "and the rest by keyword)" if isinstance(compression, str) else "")
             raise ConfigError(
-                f"compression must be rt.Compression.none, .fp16 or .bf16, got {compression!r}"
+                f"compression must be rt.Compression.none, .fp16 or .bf16, got {compression!r}{hint}"
             )
         runtime.world()  # NotInitializedError with the hint to call rt.init() first
         mb = fusion_mb if fusion_mb is not None else runtime.settings().fusion_mb
