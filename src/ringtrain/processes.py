@@ -66,9 +66,11 @@ def pieces(stream: IO[bytes]) -> Iterator[tuple[bytes, bool]]:
     A piece ends at a newline, or at a carriage return not followed by one: a progress
     bar (tqdm) redraws its line after ``\r`` and writes no newline until it is done, so
     waiting for the newline showed none of it until then (Horovod's launcher also passes
-    each ``\r`` on at once). A ``\r`` that is the last byte read waits up to
-    :data:`CR_WAIT_S` for the next byte: a ``\n`` there makes the two one newline (a
-    ``\r\n`` cut between two reads is not a redrawn line plus an empty one)."""
+    each ``\r`` on at once). A read that ends inside a line waits up to
+    :data:`CR_WAIT_S` for the next byte: a ``\n`` after a ``\r`` there makes the two one
+    newline (a ``\r\n`` cut between two reads is not a redrawn line plus an empty one),
+    and a line start with nothing after it (a prompt: ``input("name? ")``, pdb's) is a
+    partial piece, shown at once as torchrun and mpirun show it."""
     # A bytearray cut from the front (del): slicing each piece off a bytes object copied
     # all that followed it, so a read of 64 KiB of short lines copied ~64 KiB per line.
     buf = bytearray()
@@ -83,9 +85,10 @@ def pieces(stream: IO[bytes]) -> Iterator[tuple[bytes, bool]]:
             piece = bytes(buf[:PIECE_BYTES])
             del buf[:PIECE_BYTES]
             yield piece, True  # a long line goes on
-        elif buf.endswith(b"\r") and not _readable_soon(fd):
-            # A carriage return that ended a read, and no byte after it within
-            # CR_WAIT_S: a progress bar's state, shown now rather than at its next update.
+        elif buf and not _readable_soon(fd):
+            # The start of a line and no byte after it within CR_WAIT_S: a prompt waiting
+            # for its answer (input(), pdb), or a progress bar's state after a carriage
+            # return: shown now rather than when the line goes on.
             piece = bytes(buf)
             buf.clear()
             yield piece, True
@@ -98,9 +101,9 @@ def pieces(stream: IO[bytes]) -> Iterator[tuple[bytes, bool]]:
             buf += more
 
 
-#: Seconds a carriage return that ended a read waits for the next byte, which tells a
-#: ``\r\n`` cut between two reads (one newline) from a progress bar's lone ``\r`` (shown
-#: at once). The two halves of a ``\r\n`` come microseconds apart; 0.1 s is below what a
+#: Seconds a read that ended inside a line waits for the next byte, which tells a
+#: ``\r\n`` cut between two reads (one newline) from a progress bar's lone ``\r``, and a
+#: line written in quick parts from a prompt (shown at once). The two halves of a ``\r\n`` come microseconds apart; 0.1 s is below what a
 #: person watching a progress bar notices.
 CR_WAIT_S = 0.1
 

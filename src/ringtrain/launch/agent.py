@@ -25,7 +25,9 @@ ringrun <- agent   ``L <port>``       rank 0's rendezvous port is reserved (boun
                    ``O <rank> <text>``  one line of a worker's stdout
                    ``P <rank> <text>``  a piece of a longer line (at most 64 KiB; the
                                       newline ending this protocol line is not in it)
-                   ``O2 <rank> <text>``, ``P2 <rank> <text>``  the same for its stderr,
+                   ``T <rank> <text>``  its last piece, which ended without a newline
+                                      (the newline ending this protocol line is not in it)
+                   ``O2``, ``P2``, ``T2 <rank> <text>``  the same for its stderr,
                                       which ringrun writes to its own stderr
                    ``X <rank> <code>``  a worker exited (negative: killed by that signal)
                    ``E <message>``    the agent could not do what the spec asked
@@ -225,13 +227,17 @@ class _Agent:
     def _relay_output(self, rank: int, stream: str) -> Callable[[bytes, bool], None]:
         """Relay one stream of ``rank``'s output: ``stream`` "" for stdout, "2" for stderr."""
         line_head, piece_head = f"O{stream} {rank} ".encode(), f"P{stream} {rank} ".encode()
+        last_head = f"T{stream} {rank} ".encode()
 
         def relay(piece: bytes, partial: bool) -> None:
             # Bounded pieces: a 200 MB line costs one piece of memory here and in ringrun.
-            # A last piece without a newline goes as a piece too: as a line, the framing
-            # newline would reach the rank's output file, which holds the bytes as written.
-            if partial or not piece.endswith(b"\n"):
+            # A last piece without a newline ("T", its tail): as a line, the framing newline would
+            # reach the rank's output file, which holds the bytes as written; as a piece,
+            # the terminal would keep its line open for more.
+            if partial:
                 self.send(piece_head + piece + b"\n")
+            elif not piece.endswith(b"\n"):
+                self.send(last_head + piece + b"\n")
             else:
                 self.send(line_head + piece)
 

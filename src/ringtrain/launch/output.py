@@ -133,6 +133,10 @@ class OutputSink:
         #: The streams (a rank's stream to a file or to an unprefixed terminal) whose last
         #: piece ended inside a line: the next one carries no time stamp.
         self._mid_line: set[object] = set()
+        #: The rank whose line is open on the prefixed terminal, per stream: a piece that
+        #: came before the rest of its line (a prompt, a line written in parts) is shown at
+        #: once, and the same rank's next piece goes on after it without a prefix.
+        self._open_line: dict[int, int] = {}
         self.failure: OutputFailure | None = None
         #: What this sink created (the directory and the folders above it that were
         #: missing, the rank files and, in the "horovod" layout, the rank folders), so
@@ -269,12 +273,7 @@ class OutputSink:
                 return
         if stream in self._dead_streams:
             return  # keep draining the worker's pipe, drop the bytes
-        if self.prefix:
-            stamp = time.asctime().encode() if self.timestamp else b""
-            text = stamp + f"[{rank}] ".encode() + piece
-            if not text.endswith((b"\n", b"\r")):  # \r: a progress bar redraws its line
-                text += b"\n"  # a piece of a long line: its own line, so ranks never mix
-        else:
+        if not self.prefix:
             # The bytes as written (a last piece without a newline too, as a rank's own
             # terminal under mpirun or torchrun shows it).
             text = self._stamped((rank, stream), piece, partial)
@@ -282,12 +281,33 @@ class OutputSink:
         with self._lock:
             if stream in self._dead_streams:
                 return
+            if self.prefix:
+                text = self._prefixed(rank, piece, partial, stream)
             try:
                 terminal.write(text)
                 terminal.flush()
             except (OSError, ValueError) as exc:
                 self._dead_streams.add(stream)
                 self._fail_terminal(exc, terminal, "stderr" if stream == STDERR else "stdout")
+
+    def _prefixed(self, rank: int, piece: bytes, partial: bool, stream: int) -> bytes:
+        """``piece`` for the prefixed terminal (under the lock): ``[rank] `` where it starts
+        a line; a piece of a line that goes on (a prompt waiting for its answer, a line
+        written in parts) leaves the line open, and the same rank's next piece continues
+        it. Another rank's piece ends the open line first, so ranks never share a line; a
+        rank's last piece without a newline ends its line."""
+        open_rank = self._open_line.pop(stream, None)
+        if open_rank == rank:
+            text = piece
+        else:
+            stamp = time.asctime().encode() if self.timestamp else b""
+            text = (b"\n" if open_rank is not None else b"") + stamp + f"[{rank}] ".encode() + piece
+        if not piece.endswith((b"\n", b"\r")):  # \r: a progress bar redraws its line
+            if partial:
+                self._open_line[stream] = rank
+            else:
+                text += b"\n"
+        return text
 
     def _write_file(self, rank: int, piece: bytes, file: IO[bytes], partial: bool, stream: int) -> None:
         if file in self._dead_files:

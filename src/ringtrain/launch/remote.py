@@ -100,11 +100,11 @@ class RemoteHost:
         # the bound also holds for anything else on the connection (a login banner).
         for line in iter(lambda: stream.readline(PIECE_BYTES + 64), b""):
             kind, _, rest = line.partition(b" ")
-            if kind in (b"O", b"P", b"O2", b"P2"):  # O2/P2: the rank's stderr
+            if kind in (b"O", b"P", b"T", b"O2", b"P2", b"T2"):  # O2/P2/T2: the rank's stderr
                 rank_text, _, text = rest.partition(b" ")
                 rank = int(rank_text)
                 partial = kind.startswith(b"P")
-                if partial:  # a piece of a longer line: drop the protocol's newline
+                if kind[:1] in (b"P", b"T"):  # a piece of a line, or a last one: drop the protocol's newline
                     text = text[:-1] if text.endswith(b"\n") else text
                 self._sink.write(rank, text, self._files.get(rank), partial,
                                  STDERR if kind.endswith(b"2") else STDOUT)

@@ -72,5 +72,34 @@ def test_the_terminal_gets_a_redrawn_line_without_an_added_newline() -> None:
     sink = OutputSink(None, True, stream=out)
     sink.write(0, b" 10%\r", None, partial=True)
     sink.write(0, b"100%\n", None)
-    sink.write(0, b"x" * 5, None, partial=True)  # a long line's piece: its own line
-    assert out.getvalue() == b"[0]  10%\r[0] 100%\n[0] xxxxx\n"
+    sink.write(0, b"x" * 5, None, partial=True)  # a line that goes on: shown, left open
+    assert out.getvalue() == b"[0]  10%\r[0] 100%\n[0] xxxxx"
+    sink.write(0, b"yy\n", None)  # the same rank goes on in the same line
+    sink.write(0, b"name? ", None, partial=True)  # a prompt, then another rank's line
+    sink.write(1, b"other\n", None)
+    sink.write(0, b"tail", None)  # a last piece without a newline ends its line
+    assert out.getvalue() == b"[0]  10%\r[0] 100%\n[0] xxxxxyy\n[0] name? \n[1] other\n[0] tail\n"
+
+
+def test_a_prompt_without_a_newline_arrives_at_once() -> None:
+    # input("name? ") or pdb's "(Pdb) " wait for an answer after it: shown as torchrun
+    # and mpirun show it, not with the answer after Enter.
+    r, w = os.pipe()
+    got: list[tuple[bytes, bool]] = []
+    arrived = threading.Event()
+
+    def read() -> None:
+        with os.fdopen(r, "rb") as stream:
+            for item in pieces(stream):
+                got.append(item)
+                arrived.set()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    os.write(w, b"name? ")
+    try:
+        assert arrived.wait(10), "the prompt waited for its newline"
+        assert got == [(b"name? ", True)]
+    finally:
+        os.close(w)
+        reader.join(10)
