@@ -203,6 +203,122 @@ def _warmup(closure: bool) -> dict[str, Any]:
     return {"worst": _worst(ours, ref), "after": [p for _, p in ours]}
 
 
+class _Branches(torch.nn.Module):
+    """small_regressor plus a head only rank 0 uses and one no rank uses."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = _model()
+        self.rank0 = torch.nn.Linear(6, 1)
+        self.idle = torch.nn.Linear(6, 1)
+
+    def forward(self, x: torch.Tensor, rank: int) -> torch.Tensor:
+        out: torch.Tensor = self.body(x)
+        return out + self.rank0(x) if rank == 0 else out
+
+
+def _warmup_unused() -> dict[str, Any]:
+    """The warm-up with parameters no rank uses (and one only rank 0 uses), under AdamW,
+    against DDP(find_unused_parameters=True) + post_localSGD_hook: the idle head keeps no
+    gradient and does not move (a zero gradient would still decay it); rank 1 gets the
+    average of rank 0's head gradient, as DDP's."""
+    from torch.distributed.algorithms.ddp_comm_hooks.post_localSGD_hook import (
+        PostLocalSGDState,
+        post_localSGD_hook,
+    )
+
+    import ringtrain as rt
+
+    r, w, steps = rt.rank(), 3, 5
+
+    def run(m: torch.nn.Module, forward: Callable[[torch.Tensor], torch.Tensor], opt: Any) -> list[Any]:
+        out = []
+        for s in range(steps):
+            x, y = _batch(s, r)
+            opt.zero_grad()
+            torch.nn.functional.mse_loss(forward(x), y).backward()
+            opt.step()
+            out.append((0.0, [p.detach().clone() for p in m.parameters()]))
+        return out
+
+    m = _Branches()
+    ddp = torch.nn.parallel.DistributedDataParallel(m, find_unused_parameters=True)
+    ddp.register_comm_hook(PostLocalSGDState(None, None, start_localSGD_iter=w,
+                                             post_local_gradient_allreduce=False), post_localSGD_hook)
+    ref = run(m, lambda x: ddp(x, r), _post_local_sgd(torch.optim.AdamW(m.parameters(), lr=1e-2), warmup=w))
+    m = _Branches()
+    idle = m.idle.weight.detach().clone()
+    opt = rt.LocalSGD(m, torch.optim.AdamW(m.parameters(), lr=1e-2), sync_every=H, warmup_steps=w)
+    ours = run(m, lambda x: m(x, r), opt)
+    # Compared through the warm-up: after it DDP still fills rank 1's gradient of the
+    # head it did not use with its own zeros (the used map is exchanged every step), a
+    # local step rt.LocalSGD leaves to the local optimizer (None: AdamW skips it).
+    return {"worst": _worst(ours[:w], ref[:w]), "idle_moved": not torch.equal(m.idle.weight, idle),
+            "idle_grad": m.idle.weight.grad is None, "bytes": opt.exchanged_bytes}
+
+
+def _hooks() -> dict[str, Any]:
+    """torch.optim.Optimizer's hooks on the wrapper: the instance ones registered on it run
+    around its step() and state_dict() with it as the optimizer; the global ones run once
+    per step (the local optimizer's), warm-up steps included."""
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+
+    import ringtrain as rt
+
+    m = _model()
+    opt = rt.DiLoCo(m, torch.optim.AdamW(m.parameters(), lr=1e-2),
+                    torch.optim.SGD(m.parameters(), lr=0.7, momentum=0.9), sync_every=H, warmup_steps=2)
+    seen: list[Any] = []
+    global_steps = [0]
+    handles = [
+        register_optimizer_step_post_hook(lambda o, a, k: global_steps.__setitem__(0, global_steps[0] + 1)),
+        opt.register_step_pre_hook(lambda o, a, k: seen.append(("pre", o is opt, opt.steps))),
+        opt.register_step_post_hook(lambda o, a, k: seen.append(("post", o is opt, opt.steps))),
+        opt.register_state_dict_post_hook(lambda o, sd: {**sd, "tag": o is opt}),
+        opt.register_load_state_dict_pre_hook(lambda o, sd: {k: v for k, v in sd.items() if k != "tag"}),
+        opt.register_load_state_dict_post_hook(lambda o: seen.append(("loaded", o is opt, opt.steps))),
+    ]
+    # 4 steps: 2 of warm-up, 2 local (DiLoCo's outer optimizer is stepped at syncs only).
+    _run(m, opt, None, range(4), rt.rank())
+    state = opt.state_dict()
+    opt.load_state_dict(state)
+    for handle in handles:
+        handle.remove()
+    _run(m, opt, None, range(4, 5), rt.rank())
+    return {"seen": seen, "global": global_steps[0], "tag": state.get("tag"), "outer": "outer" in state}
+
+
+def _join_rates() -> dict[str, Any]:
+    """A rank that joins after a resize (fresh model, optimizer and scheduler) with a
+    StepLR on the wrapper: after the world change (Resumable.sync, as rt.elastic calls it,
+    loading rank 0's scheduler state) it steps with the same learning rate as the others,
+    as Horovod's TorchState.sync gives it rank 0's optimizer groups."""
+    import tempfile
+
+    import ringtrain as rt
+
+    r = rt.rank()
+    out = {}
+    for mode in ("LocalSGD", "DiLoCo"):
+        def build(mode: str = mode) -> tuple[torch.nn.Module, Any, Any]:
+            m = _model()
+            if mode == "LocalSGD":
+                opt: Any = rt.LocalSGD(m, _sgd(m), sync_every=H)
+            else:
+                opt = rt.DiLoCo(m, _sgd(m), torch.optim.SGD(m.parameters(), lr=0.7), sync_every=H)
+            return m, opt, torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+
+        m, opt, sched = build()
+        _run(m, opt, sched, range(4), r)
+        if r == 1:  # the joining rank
+            del opt
+            m, opt, sched = build()
+        with tempfile.TemporaryDirectory() as directory:
+            rt.elastic.Resumable(directory, model=m, optimizer=opt, scheduler=sched).sync()
+        out[mode] = [lr for lr, _ in _run(m, opt, sched, range(4, 6), r)]
+    return out
+
+
 def _param_groups() -> dict[str, Any]:
     """add_param_group: a part of the model the inner optimizer did not hold is added
     (as PostLocalSGDOptimizer); a tensor outside the model is refused, also when added to
@@ -236,6 +352,9 @@ def _world() -> dict[str, Any]:
         ("resume DiLoCo", lambda: _resume("DiLoCo")),
         ("warmup", lambda: _warmup(False)),
         ("warmup closure", lambda: _warmup(True)),
+        ("warmup unused", _warmup_unused),
+        ("hooks", _hooks),
+        ("join rates", _join_rates),
         ("groups", _param_groups),
     ])
 
@@ -281,6 +400,31 @@ def test_warmup_steps_equals_torchs_post_local_sgd_warmup(world: list[dict[str, 
     same = [all(torch.equal(x, y) for x, y in zip(a[s], b[s], strict=True)) for s in range(STEPS)]
     # 1-based: equal through the warm-up (4) and after the syncs at 7 and 10; apart at 5, 6, 8, 9.
     assert same == [True] * 4 + [False, False, True, False, False, True], same
+
+
+@pytest.mark.timeout(150)
+def test_warmup_leaves_a_parameter_no_rank_used_alone_as_ddp(world: list[dict[str, Any]]) -> None:
+    for out in scenario_results(world, "warmup unused"):
+        assert out["worst"] < 1e-6, out
+        assert not out["idle_moved"] and out["idle_grad"], out
+        assert out["bytes"] > 0, out  # the warm-up's exchanges are counted (and metered)
+
+
+@pytest.mark.timeout(150)
+def test_optimizer_hooks_on_the_wrapper_run_as_torchs(world: list[dict[str, Any]]) -> None:
+    for out in scenario_results(world, "hooks"):
+        steps = [(kind, me, n) for kind, me, n in out["seen"] if kind != "loaded"]
+        assert steps == [(k, True, n + (k == "post")) for n in range(4) for k in ("pre", "post")], out
+        assert out["seen"][-1] == ("loaded", True, 4), out
+        assert out["global"] == 4, out
+        assert out["tag"] is True and out["outer"], out
+
+
+@pytest.mark.timeout(150)
+def test_a_joining_rank_takes_rank_0s_learning_rates(world: list[dict[str, Any]]) -> None:
+    outs = scenario_results(world, "join rates")
+    for mode in ("LocalSGD", "DiLoCo"):
+        assert outs[1][mode] == outs[0][mode] == pytest.approx([0.1 / 32, 0.1 / 64]), (mode, outs)
 
 
 @pytest.mark.timeout(150)

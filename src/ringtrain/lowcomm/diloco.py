@@ -130,11 +130,11 @@ class DiLoCo(PeriodicSync):
             for p, g in zip(params, saved, strict=True):
                 p.grad = g
 
-    def state_dict(self) -> dict[str, Any]:
-        return {**super().state_dict(), "outer": self._outer.state_dict()}
+    def _state(self) -> dict[str, Any]:
+        return {**super()._state(), "outer": self._outer.state_dict()}
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        super().load_state_dict(state)
+    def _load_state(self, state: dict[str, Any]) -> None:
+        super()._load_state(state)
         self._outer.load_state_dict(state["outer"])
 
     def _world_changed_extra(self) -> None:

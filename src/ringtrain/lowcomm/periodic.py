@@ -28,6 +28,7 @@ synced parameters on the wire), and for DiLoCo the outer optimizer's state.
 from __future__ import annotations
 
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from typing import Any, ClassVar
 
@@ -123,10 +124,12 @@ class PeriodicSync(torch.optim.Optimizer):
         self._bucket_bytes = int(mb * 1024 * 1024)
         self._parts = fragments.split([p.numel() for p in synced], self.fragments)
         label = mode.lower()
+        # With a warm-up the buckets also carry which parameters had a gradient on any
+        # rank (one element each): one no rank used keeps no gradient, as under DDP.
         self._exchanges = [
             FusedExchange([self._names[i] for i in part], [synced[i] for i in part], self._strategy,
                           compression, Average, runtime.size(), self._bucket_bytes,
-                          label=f"{label}{f}.")
+                          label=f"{label}{f}.", track_use=self.warmup_steps > 0)
             for f, part in enumerate(self._parts)
         ]
         #: Every float buffer of the model: each rank's own between syncs (and always with
@@ -155,6 +158,17 @@ class PeriodicSync(torch.optim.Optimizer):
         #: How many parameters the local optimizer held at the last check (a group added
         #: to it directly is checked at the next step).
         self._inner_count = self._count_inner()
+        # torch.optim.Optimizer's per-instance hook registries, which its __init__ (not
+        # called: the groups and state are the local optimizer's) would create; without
+        # them opt.register_step_post_hook(...) etc. raised AttributeError. They run
+        # around this wrapper's step() and state_dict(), with the wrapper as the
+        # optimizer; the global hooks run once per step, with the local optimizer's.
+        self._optimizer_step_pre_hooks: OrderedDict[int, Callable[..., Any]] = OrderedDict()
+        self._optimizer_step_post_hooks: OrderedDict[int, Callable[..., Any]] = OrderedDict()
+        self._optimizer_state_dict_pre_hooks: OrderedDict[int, Callable[..., Any]] = OrderedDict()
+        self._optimizer_state_dict_post_hooks: OrderedDict[int, Callable[..., Any]] = OrderedDict()
+        self._optimizer_load_state_dict_pre_hooks: OrderedDict[int, Callable[..., Any]] = OrderedDict()
+        self._optimizer_load_state_dict_post_hooks: OrderedDict[int, Callable[..., Any]] = OrderedDict()
         claims.claim(self._params, self)
 
     # -- the optimizer surface ----------------------------------------------------------
@@ -223,7 +237,26 @@ class PeriodicSync(torch.optim.Optimizer):
 
     def step(self, closure: Callable[[], float] | None = None) -> Any:  # type: ignore[override]
         """The local step; after every ``sync_every``-th, the sync (collective). During
-        the first ``warmup_steps`` steps the gradients are averaged before the step."""
+        the first ``warmup_steps`` steps the gradients are averaged before the step.
+        Hooks registered on this wrapper (``register_step_pre_hook``/``_post_hook``) run
+        before and after all of it, as torch runs them around an optimizer's step()."""
+        if not self._optimizer_step_pre_hooks and not self._optimizer_step_post_hooks:
+            return self._step(closure)
+        args: tuple[Any, ...] = (self,) if closure is None else (self, closure)
+        kwargs: dict[str, Any] = {}
+        for pre_hook in list(self._optimizer_step_pre_hooks.values()):
+            result = pre_hook(self, args, kwargs)
+            if result is not None:
+                if not (isinstance(result, tuple) and len(result) == 2):
+                    raise RuntimeError(f"a step pre-hook of rt.{self.mode} must return None or a tuple "
+                                       f"(new_args, new_kwargs), got {result!r}")
+                args, kwargs = result
+        out = self._step(*args[1:], **kwargs)
+        for post_hook in list(self._optimizer_step_post_hooks.values()):
+            post_hook(self, args, kwargs)
+        return out
+
+    def _step(self, closure: Callable[[], float] | None = None) -> Any:
         self._check_live()
         if self._count_inner() != self._inner_count:  # a group added to the inner optimizer
             self._check_synced([p for g in self._inner.param_groups for p in g["params"]], "step")
@@ -316,7 +349,12 @@ class PeriodicSync(torch.optim.Optimizer):
 
     def _average_grads(self) -> None:
         if runtime.size() > 1:
-            average_gradients(self.mode, self._exchanges, self._parts, self._params)
+            t0 = time.perf_counter()
+            average_gradients(self.mode, self._exchanges, self._parts, self._params, self._wait)
+            if events.active():
+                # The step meter's exchange wait, as DistributedOptimizer's; the update
+                # span around the warm-up step leaves it to this phase (meter's order).
+                events.emit("exchange_wait", t0, time.perf_counter())
 
     def sync(self) -> None:
         """Sync every fragment now, outside the schedule (collective: every rank calls it
@@ -513,7 +551,27 @@ class PeriodicSync(torch.optim.Optimizer):
 
     def state_dict(self) -> dict[str, Any]:
         """The synced copy, the step count and the local optimizer's state (this rank's);
-        DiLoCo adds its outer optimizer's. Tensors are references, not copies."""
+        DiLoCo adds its outer optimizer's. Tensors are references, not copies. The
+        wrapper's state-dict hooks run around it, as torch's."""
+        for pre_hook in list(self._optimizer_state_dict_pre_hooks.values()):
+            pre_hook(self)
+        state = self._state()
+        for post_hook in list(self._optimizer_state_dict_post_hooks.values()):
+            changed = post_hook(self, state)
+            if changed is not None:
+                state = changed
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for pre_hook in list(self._optimizer_load_state_dict_pre_hooks.values()):
+            changed = pre_hook(self, state)
+            if changed is not None:
+                state = changed
+        self._load_state(state)
+        for post_hook in list(self._optimizer_load_state_dict_post_hooks.values()):
+            post_hook(self)
+
+    def _state(self) -> dict[str, Any]:
         return {
             "mode": self.mode, "sync_every": self.sync_every, "fragments": self.fragments,
             "steps": self.steps,
@@ -521,7 +579,7 @@ class PeriodicSync(torch.optim.Optimizer):
             "inner": self._inner.state_dict(),
         }
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def _load_state(self, state: dict[str, Any]) -> None:
         if not isinstance(state, dict) or state.get("mode") != self.mode:
             found = state.get("mode") if isinstance(state, dict) else type(state).__name__
             raise ConfigError(f"rt.{self.mode}.load_state_dict: this state is not an rt.{self.mode} "
@@ -605,9 +663,15 @@ class PeriodicSync(torch.optim.Optimizer):
         if n == 1:
             return True
         fresh = self._copy is None
+        # The local optimizer's hyperparameters too (its state stays each rank's own): a
+        # rank that just joined built its groups afresh, and a scheduler loaded with rank
+        # 0's state (TorchState, Resumable) does not set the rates in them, so it went on
+        # from the initial learning rate while the others used the scheduled one.
+        groups = [{k: v for k, v in g.items() if k != "params"} for g in self._inner.param_groups]
         root = collectives.broadcast_object(
-            {"started": not fresh, "steps": self.steps} if runtime.rank() == 0 else None, 0,
-            name=f"rt.{self.mode} world change")
+            {"started": not fresh, "steps": self.steps, "groups": groups} if runtime.rank() == 0 else None,
+            0, name=f"rt.{self.mode} world change")
+        self._take_groups(root["groups"])
         if not root["started"]:
             self._copy = None  # the first step takes rank 0's parameters
             self.steps = 0
@@ -626,6 +690,22 @@ class PeriodicSync(torch.optim.Optimizer):
             self.steps = int(root["steps"])
         self._world_changed_extra()
         return True
+
+    def _take_groups(self, groups: list[dict[str, Any]]) -> None:
+        """Set the local optimizer's hyperparameters to ``groups`` (rank 0's, group by group)."""
+        mine = self._inner.param_groups
+        if len(groups) != len(mine):
+            raise MismatchError(
+                f"rt.{self.mode}.world_changed: rank 0's local optimizer has {len(groups)} parameter "
+                f"group(s), this rank's {len(mine)}: build the optimizer the same way on every rank")
+        with torch.no_grad():
+            for group, root in zip(mine, groups, strict=True):
+                for key, value in root.items():
+                    here = group.get(key)
+                    if isinstance(here, torch.Tensor) and isinstance(value, torch.Tensor):
+                        here.copy_(value)  # a tensor learning rate (capturable): in place
+                    else:
+                        group[key] = value
 
     def _world_changed_extra(self) -> None:
         """Subclasses' own part of :meth:`world_changed` (collective)."""

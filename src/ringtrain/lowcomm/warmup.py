@@ -13,21 +13,26 @@ averaged gradients, the same optimizer) and the local steps start from them.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
 from ringtrain.errors import ConfigError
-from ringtrain.fusion import FusedExchange
+from ringtrain.fusion import Bucket, FusedExchange
 
 __all__ = ["average_gradients"]
 
 
 def average_gradients(mode: str, exchanges: Sequence[FusedExchange], parts: Sequence[Sequence[int]],
-                      params: Sequence[torch.nn.Parameter]) -> None:
-    """Average the ``.grad`` of ``params`` over the ranks in place (collective; a missing
-    gradient contributes zeros and receives the average, as Horovod's). Every bucket is
-    launched before the first is waited for."""
+                      params: Sequence[torch.nn.Parameter],
+                      wait: Callable[[FusedExchange, Bucket], None]) -> None:
+    """Average the ``.grad`` of ``params`` over the ranks in place (collective). A missing
+    gradient contributes zeros and receives the average when another rank had one; a
+    parameter no rank had a gradient for keeps none, as DDP with
+    ``find_unused_parameters=True`` (a zero gradient would still move it under momentum
+    or Adam). The exchanges must track use (``track_use=True``). Every bucket is launched
+    before the first is waited for, through ``wait(exchange, bucket)`` (the mode's: it
+    counts the bytes and reports the exchange to the step meter)."""
     for ex, part in zip(exchanges, parts, strict=True):
         for bucket in ex.buckets:
             grads = [params[part[local]].grad for local in bucket.spec.params]
@@ -42,8 +47,11 @@ def average_gradients(mode: str, exchanges: Sequence[FusedExchange], parts: Sequ
     with torch.no_grad():
         for ex, part in zip(exchanges, parts, strict=True):
             for bucket in ex.buckets:
-                ex.wait(bucket)
+                wait(ex, bucket)
+                unused = set(ex.unused(bucket))
                 for position, local in enumerate(bucket.spec.params):
+                    if position in unused:
+                        continue  # no rank had a gradient: it stays None here too
                     p = params[part[local]]
                     # A copy, never the bucket's view: the next step packs over that buffer.
                     averaged = ex.result(bucket, position)
