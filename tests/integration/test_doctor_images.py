@@ -14,7 +14,10 @@ SCRIPTS = Path(__file__).parent / "scripts"
 BIN = Path(sys.executable).parent
 
 
-@pytest.mark.timeout(120)
+# A bound for a hang, far above the 17-37 s measured beside one to three CPU hogs (it
+# failed once, cause not captured, while the whole fast tier ran beside a 4-rank Horovod
+# suite; passed 5 of 5 beside 1-3 hogs; the 120 s bound it had is the likely cause).
+@pytest.mark.timeout(300)
 def test_input_bound_photo_script_is_told_to_use_decodecrop(
         tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("PIL")
